@@ -1,0 +1,3 @@
+from fedbed.cli import main
+
+main()

@@ -1,0 +1,82 @@
+"""FedAvg (McMahan et al., AISTATS 2017) and Central / DeepAll."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from torch import nn
+
+from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedTrainer
+from fedbed.algorithms.registry import Algorithm, AlgorithmContext, register_algorithm
+from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
+from fedbed.federation.strategy import ServerStrategy
+from fedbed.gradients import clone_arrays, weighted_average
+
+
+class FedAvgStrategy(ServerStrategy):
+    """Send every client the global model; replace it by the n_k/n-weighted mean of the replies.
+
+    McMahan et al. 2017, Algorithm 1: ``θ ← Σ_k (n_k / n) θ_k`` over the clients of the round,
+    with ``n = Σ_k n_k``. Subclasses change :meth:`combine` to aggregate differently.
+    """
+
+    def initialize(self, model: nn.Module, clients: list[ClientInfo]) -> None:
+        self.model = model
+        self.clients = {c.client_id: c for c in clients}
+
+    def configure_round(self, round_number: int, selected: list[int]) -> dict[int, Payload]:
+        arrays = clone_arrays(self.model.state_dict())
+        return {client: Payload(arrays=arrays) for client in selected}
+
+    def combine(self, replies: dict[int, Reply]) -> tuple[dict, dict[str, Any]]:
+        """The new global state dict and the telemetry of the combination (weights n_k/n)."""
+        order = sorted(replies)
+        weights = [replies[c].num_examples for c in order]
+        total = sum(weights)
+        telemetry = {"weights": {str(c): w / total for c, w in zip(order, weights)}}
+        return weighted_average([replies[c].arrays for c in order], weights), telemetry
+
+    def aggregate(self, round_number: int, replies: dict[int, Reply]) -> RoundSummary:
+        new_state, telemetry = self.combine(replies)
+        self.model.load_state_dict(new_state)
+        losses = [r.metrics["loss"] for r in replies.values() if "loss" in r.metrics]
+        metrics = {"train_loss": sum(losses) / len(losses)} if losses else {}
+        return RoundSummary(metrics=metrics, telemetry=telemetry)
+
+    def global_model(self) -> nn.Module:
+        return self.model
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": copy.deepcopy(self.model.state_dict())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+
+
+@register_algorithm
+class FedAvg(Algorithm):
+    """Federated averaging (McMahan et al., AISTATS 2017), aggregation weights n_k/n."""
+
+    name = "fedavg"
+    summary = "FedAvg (McMahan et al. 2017): local training, n_k/n-weighted parameter average."
+    hyperparameters = LocalTrainingHyperparameters
+
+    def create_strategy(self, hparams: LocalTrainingHyperparameters, context: AlgorithmContext) -> ServerStrategy:
+        return FedAvgStrategy()
+
+    def create_trainer(self, hparams: LocalTrainingHyperparameters, context: AlgorithmContext) -> SupervisedTrainer:
+        return SupervisedTrainer(hparams, context)
+
+
+@register_algorithm
+class Central(FedAvg):
+    """Central / DeepAll: every source domain pooled on one client; each round is plain training.
+
+    The non-federated reference (hFedF Sec. 5.1 "Central"; PPDG Table 4 "DeepAll"). Its
+    hyperparameters are FedAvg's, as in hFedF App. C.8.2.
+    """
+
+    name = "central"
+    summary = "Central / DeepAll: all source data pooled, the non-federated reference."
+    pooled = True

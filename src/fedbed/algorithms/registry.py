@@ -1,0 +1,118 @@
+"""The algorithm registry: every method registers itself here by name."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from fedbed.federation.strategy import ClientTrainer, ServerStrategy
+from fedbed.models import DomainClassifier
+
+
+class AlgorithmError(ValueError):
+    """Raised for an unknown algorithm name or hyperparameters it does not accept."""
+
+
+class Hyperparameters(BaseModel):
+    """Base of every method's hyperparameters: unknown names are rejected, values validated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class TrainingBudget:
+    """How much each client trains per round: ``local_epochs`` passes or ``local_steps`` batches.
+
+    Exactly one of the two is set; ``batch_size`` is in samples.
+    """
+
+    batch_size: int
+    local_epochs: int | None = None
+    local_steps: int | None = None
+
+
+@dataclass(frozen=True)
+class AlgorithmContext:
+    """What a method needs to build its server and client halves.
+
+    Attributes:
+        model_factory: returns a fresh model (same architecture every call).
+        budget: the local training budget.
+        seed: the run's seed.
+    """
+
+    model_factory: Callable[[], DomainClassifier]
+    budget: TrainingBudget
+    seed: int
+
+
+class Algorithm(ABC):
+    """A federated method: its name, its source, its hyperparameters and its two halves.
+
+    Class attributes:
+        name: registry key (lower case, e.g. ``"fedavg"``).
+        summary: one line with the source paper.
+        hyperparameters: the pydantic model of its hyperparameters, defaults cited from the paper.
+        pooled: True for Central / DeepAll (one client holding every source domain).
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    hyperparameters: ClassVar[type[Hyperparameters]]
+    pooled: ClassVar[bool] = False
+
+    @abstractmethod
+    def create_strategy(self, hparams: Any, context: AlgorithmContext) -> ServerStrategy:
+        """The server half."""
+
+    @abstractmethod
+    def create_trainer(self, hparams: Any, context: AlgorithmContext) -> ClientTrainer:
+        """The client half."""
+
+
+ALGORITHMS: dict[str, type[Algorithm]] = {}
+
+
+def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
+    """Class decorator: add ``cls`` to :data:`ALGORITHMS` under ``cls.name``.
+
+    Raises:
+        AlgorithmError: if the name is taken.
+    """
+    if cls.name in ALGORITHMS:
+        raise AlgorithmError(f"algorithm {cls.name!r} is registered twice")
+    ALGORITHMS[cls.name] = cls
+    return cls
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """An instance of the algorithm registered as ``name`` (case-insensitive).
+
+    Raises:
+        AlgorithmError: if no algorithm has that name.
+    """
+    key = name.lower()
+    if key not in ALGORITHMS:
+        raise AlgorithmError(f"unknown algorithm {name!r}; choose one of {', '.join(sorted(ALGORITHMS))}")
+    return ALGORITHMS[key]()
+
+
+def resolve_hyperparameters(algorithm: Algorithm, overrides: dict[str, Any]) -> Hyperparameters:
+    """The algorithm's defaults with ``overrides`` applied and validated.
+
+    Raises:
+        AlgorithmError: one line naming the unknown key or the bad value and what is accepted.
+    """
+    try:
+        return algorithm.hyperparameters(**overrides)
+    except ValidationError as error:
+        first = error.errors()[0]
+        key = ".".join(str(part) for part in first["loc"]) or "?"
+        known = ", ".join(algorithm.hyperparameters.model_fields)
+        if first["type"] == "extra_forbidden":
+            raise AlgorithmError(f"{algorithm.name} has no hyperparameter {key!r}; its hyperparameters are {known}") from None
+        raise AlgorithmError(f"{algorithm.name} hyperparameter {key}: {first['msg']} (got {first.get('input')!r})") from None

@@ -1,0 +1,32 @@
+"""Datasets, leave-one-domain-out splits and client partitions."""
+
+from fedbed.data.base import DataError, DomainDataset
+from fedbed.data.catalog import DATASETS, dataset_spec, load_dataset, prepare_dataset, resolve_data_root
+from fedbed.data.splits import (
+    ClientPartition,
+    DomainSplit,
+    partition_domains_per_client,
+    partition_lambda_mix,
+    partition_one_client_per_domain,
+    partition_pooled,
+    sample_clients,
+    split_leave_one_domain_out,
+)
+
+__all__ = [
+    "DATASETS",
+    "ClientPartition",
+    "DataError",
+    "DomainDataset",
+    "DomainSplit",
+    "dataset_spec",
+    "load_dataset",
+    "partition_domains_per_client",
+    "partition_lambda_mix",
+    "partition_one_client_per_domain",
+    "partition_pooled",
+    "prepare_dataset",
+    "resolve_data_root",
+    "sample_clients",
+    "split_leave_one_domain_out",
+]

@@ -1,0 +1,88 @@
+"""The one dataset abstraction every FedBed loader returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+class DataError(ValueError):
+    """Raised when a dataset cannot be found, read or understood.
+
+    The message always names the path or value at fault and what was expected.
+    """
+
+
+@dataclass(frozen=True)
+class DomainDataset:
+    """Images from several domains with their labels.
+
+    Attributes:
+        name: dataset name as registered (e.g. ``"PACS"``, ``"RotatedMNIST"``).
+        images: ``uint8`` tensor ``[N, C, H, W]``, pixel values 0..255.
+        labels: ``int64`` tensor ``[N]``, indices into ``class_names``.
+        domains: ``int64`` tensor ``[N]``, indices into ``domain_names``.
+        class_names: one name per class.
+        domain_names: one name per domain, in DomainBed's order.
+        source: a human-readable description of where the images were read from.
+
+    Raises:
+        DataError: when the tensors disagree in length, have the wrong dtype or rank,
+            or hold indices outside the name lists.
+    """
+
+    name: str
+    images: torch.Tensor
+    labels: torch.Tensor
+    domains: torch.Tensor
+    class_names: tuple[str, ...]
+    domain_names: tuple[str, ...]
+    source: str
+
+    def __post_init__(self) -> None:
+        n = self.images.shape[0]
+        if self.images.dtype != torch.uint8 or self.images.dim() != 4:
+            raise DataError(
+                f"{self.name}: images must be a uint8 tensor [N, C, H, W], got "
+                f"{self.images.dtype} with shape {tuple(self.images.shape)}"
+            )
+        if self.labels.shape != (n,) or self.domains.shape != (n,):
+            raise DataError(
+                f"{self.name}: expected {n} labels and {n} domain ids, got "
+                f"{tuple(self.labels.shape)} and {tuple(self.domains.shape)}"
+            )
+        if n and (int(self.labels.min()) < 0 or int(self.labels.max()) >= len(self.class_names)):
+            raise DataError(f"{self.name}: a label lies outside 0..{len(self.class_names) - 1}")
+        if n and (int(self.domains.min()) < 0 or int(self.domains.max()) >= len(self.domain_names)):
+            raise DataError(f"{self.name}: a domain id lies outside 0..{len(self.domain_names) - 1}")
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """``(C, H, W)`` of one image."""
+        c, h, w = self.images.shape[1:]
+        return int(c), int(h), int(w)
+
+    def domain_index(self, domain: str) -> int:
+        """Return the id of ``domain``.
+
+        Raises:
+            DataError: if ``domain`` is not one of ``domain_names``.
+        """
+        try:
+            return self.domain_names.index(domain)
+        except ValueError:
+            raise DataError(
+                f"{self.name} has no domain {domain!r}; its domains are {', '.join(self.domain_names)}"
+            ) from None
+
+    def indices_of_domain(self, domain_id: int) -> torch.Tensor:
+        """``int64`` tensor of the sample indices of one domain, in dataset order."""
+        return torch.nonzero(self.domains == domain_id, as_tuple=False).flatten()

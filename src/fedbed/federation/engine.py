@@ -1,0 +1,198 @@
+"""The in-process federated simulation: rounds, checkpoints, the per-round log, evaluation.
+
+One round: sample clients -> ``configure_round`` -> each selected client's ``fit`` (one after
+another, in this process) -> reply checks -> ``aggregate`` -> evaluation every ``eval_every``
+rounds -> one JSONL line -> checkpoint. Every random draw of round ``r`` on client ``k`` is seeded
+from ``(seed, r, k)``, so a run resumed from its checkpoint equals an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from fedbed.data.splits import derive_seed, sample_clients
+from fedbed.federation.evaluation import evaluate_models
+from fedbed.federation.local_data import ClientData
+from fedbed.federation.messages import ClientInfo, Reply
+from fedbed.federation.strategy import ClientTrainer, ServerStrategy
+
+LOG_NAME = "rounds.jsonl"
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+class EngineError(RuntimeError):
+    """Raised when a run cannot go on (every client of a round failed, a checkpoint is unusable)."""
+
+
+@dataclass
+class Federation:
+    """Everything a run needs, already built.
+
+    Attributes:
+        strategy: the server half of the method, already initialised.
+        trainer: the client half (one instance, reused by every simulated client).
+        clients: training data per client id (index = client id).
+        holdout: source domain id -> id-validation samples.
+        target: target domain id -> ood samples (evaluation only).
+        domain_names: names of all domains of the dataset.
+        client_states: persistent per-client dicts (see :meth:`ClientTrainer.fit`).
+    """
+
+    strategy: ServerStrategy
+    trainer: ClientTrainer
+    clients: list[ClientData]
+    holdout: dict[int, ClientData]
+    target: dict[int, ClientData]
+    domain_names: tuple[str, ...]
+    client_states: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.client_states:
+            self.client_states = [{} for _ in self.clients]
+
+
+def check_reply(reply: Reply, expected: dict[str, torch.Tensor]) -> str | None:
+    """Why a reply must be dropped, or ``None`` if it is usable.
+
+    A reply is dropped when an array is not finite or has another shape than the array of the
+    same name that was sent.
+    """
+    for name, array in reply.arrays.items():
+        if name in expected and array.shape != expected[name].shape:
+            return f"array {name} has shape {tuple(array.shape)}, expected {tuple(expected[name].shape)}"
+        if array.is_floating_point() and not bool(torch.isfinite(array).all()):
+            return f"array {name} holds non-finite values"
+    if reply.num_examples < 0:
+        return f"num_examples is negative ({reply.num_examples})"
+    return None
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    raise TypeError(f"cannot log {type(value).__name__}")
+
+
+def client_infos(federation: Federation, partitions_domains: list[tuple[int, ...]]) -> list[ClientInfo]:
+    """:class:`ClientInfo` of every client, from its data size and domains."""
+    return [ClientInfo(k, len(data), doms) for k, (data, doms) in enumerate(zip(federation.clients, partitions_domains))]
+
+
+def _save_checkpoint(path: Path, round_number: int, federation: Federation) -> None:
+    partial = path.with_name(path.name + ".partial")
+    torch.save(
+        {
+            "round": round_number,
+            "strategy": federation.strategy.state_dict(),
+            "client_states": federation.client_states,
+        },
+        partial,
+    )
+    os.replace(partial, path)
+
+
+def run_rounds(
+    federation: Federation,
+    *,
+    rounds: int,
+    seed: int,
+    participation_fraction: float,
+    eval_every: int,
+    run_dir: Path,
+    resume: bool = False,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Run (or resume) the federated training and return the evaluation of every evaluated round.
+
+    Args:
+        federation: the built run.
+        rounds: total number of rounds R (>= 1).
+        seed: the run's seed (client sampling, batch order, dropout).
+        participation_fraction: fraction of clients sampled per round, in (0, 1].
+        eval_every: evaluate every this many rounds (and always after the last round).
+        run_dir: where the log and checkpoint go (must exist).
+        resume: continue from ``run_dir/checkpoint.pt`` instead of starting over.
+        progress: show a progress bar with round, loss and accuracy.
+
+    Returns:
+        One dict per evaluated round: ``round``, ``id``, ``id_mean``, ``ood``, ``ood_mean``.
+
+    Raises:
+        EngineError: every client of a round failed, or ``resume`` without a usable checkpoint.
+    """
+    log_path, checkpoint_path = run_dir / LOG_NAME, run_dir / CHECKPOINT_NAME
+    start = 1
+    if resume:
+        if not checkpoint_path.exists():
+            raise EngineError(f"cannot resume: {checkpoint_path} does not exist; run without --resume")
+        checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+        federation.strategy.load_state_dict(checkpoint["strategy"])
+        federation.client_states = checkpoint["client_states"]
+        start = checkpoint["round"] + 1
+        kept = [line for line in log_path.read_text().splitlines() if json.loads(line)["round"] < start] if log_path.exists() else []
+        log_path.write_text("".join(line + "\n" for line in kept))
+    else:
+        log_path.write_text("")
+    evaluations = [json.loads(line)["evaluation"] for line in log_path.read_text().splitlines()]
+    evaluations = [e for e in evaluations if e is not None]
+
+    bar = tqdm(range(start, rounds + 1), desc="round", disable=not progress, initial=start - 1, total=rounds)
+    for round_number in bar:
+        began = time.perf_counter()
+        selected = sample_clients(len(federation.clients), participation_fraction, seed, round_number)
+        payloads = federation.strategy.configure_round(round_number, selected)
+        replies: dict[int, Reply] = {}
+        dropped: dict[str, str] = {}
+        for client in selected:
+            payload = payloads[client]
+            client_seed = derive_seed(seed, round_number, client)
+            payload.config.update({"round": round_number, "batch_seed": client_seed})
+            torch.manual_seed(client_seed)
+            try:
+                reply = federation.trainer.fit(payload, federation.clients[client], federation.client_states[client])
+            except Exception as error:  # a failing client is dropped from the round, never fatal
+                dropped[str(client)] = f"raised {type(error).__name__}: {error}"
+                continue
+            reason = check_reply(reply, payload.arrays)
+            if reason is None:
+                replies[client] = reply
+            else:
+                dropped[str(client)] = reason
+        if not replies:
+            raise EngineError(f"round {round_number}: every selected client failed: {dropped}")
+        summary = federation.strategy.aggregate(round_number, replies)
+        evaluation = None
+        if round_number % eval_every == 0 or round_number == rounds:
+            evaluation = {"round": round_number, **evaluate_models(
+                federation.strategy.evaluation_models(), federation.holdout, federation.target, federation.domain_names
+            )}
+            evaluations.append(evaluation)
+        record = {
+            "round": round_number,
+            "selected": selected,
+            "dropped": dropped,
+            "metrics": summary.metrics,
+            "telemetry": summary.telemetry,
+            "evaluation": evaluation,
+            "seconds": time.perf_counter() - began,
+        }
+        with log_path.open("a") as log:
+            log.write(json.dumps(record, default=_json_default) + "\n")
+        _save_checkpoint(checkpoint_path, round_number, federation)
+        postfix = {"loss": f"{summary.metrics.get('train_loss', float('nan')):.3f}"}
+        if evaluations:
+            postfix.update(id=f"{evaluations[-1]['id_mean']:.1f}", ood=f"{evaluations[-1]['ood_mean']:.1f}")
+        bar.set_postfix(postfix)
+    bar.close()
+    return evaluations
