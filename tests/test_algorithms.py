@@ -1,0 +1,62 @@
+"""Every registered algorithm on tiny data, plus hand-computed cases of the shared math."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from fedbed.algorithms import ALGORITHMS, AlgorithmError, get_algorithm, resolve_hyperparameters
+from fedbed.algorithms.fedprox import proximal_term
+from fedbed.experiment import ExperimentConfig, run_experiment
+from fedbed.gradients import weighted_average
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_registered_algorithm_runs_two_rounds(name, tmp_path):
+    config = ExperimentConfig(algorithm=name, rounds=2, local_steps=2, batch_size=16, run_dir=tmp_path / name)
+    summary = run_experiment(config, progress=False, echo=lambda *_: None)
+    selection = summary["selection"]
+    assert set(selection) == {"last", "train_domain_val", "oracle"}
+    for entry in selection.values():
+        assert 0.0 <= entry["ood_mean"] <= 100.0 and 0.0 <= entry["id_mean"] <= 100.0
+        assert set(entry["id"]) == {"15", "30", "45", "60", "75"} and set(entry["ood"]) == {"0"}
+    lines = (tmp_path / name / "rounds.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in lines] == [1, 2]
+    assert (tmp_path / name / "summary.json").exists() and (tmp_path / name / "checkpoint.pt").exists()
+
+
+def test_weighted_average_by_hand():
+    a = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(2)}
+    b = {"w": torch.tensor([4.0, -1.0]), "n": torch.tensor(5)}
+    averaged = weighted_average([a, b], [1, 2])
+    assert torch.allclose(averaged["w"], torch.tensor([3.0, 0.0]))
+    assert averaged["n"].item() == 4 and averaged["n"].dtype == torch.int64
+    with pytest.raises(ValueError):
+        weighted_average([a], [0])
+
+
+def test_fedprox_term_by_hand():
+    model = nn.Linear(2, 1)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, 2.0]]))
+        model.bias.copy_(torch.tensor([3.0]))
+    anchor = {"weight": torch.tensor([[0.0, 0.0]]), "bias": torch.tensor([1.0])}
+    # ||θ − θ_g||² = 1 + 4 + 4 = 9; μ/2 · 9 with μ = 0.1 is 0.45 (the squared norm, not sqrt(9) = 3).
+    term = proximal_term(model, anchor, mu=0.1)
+    assert term.item() == pytest.approx(0.45)
+    term.backward()
+    # d/dθ μ/2 ||θ − θ_g||² = μ (θ − θ_g)
+    assert torch.allclose(model.weight.grad, torch.tensor([[0.1, 0.2]]))
+    assert torch.allclose(model.bias.grad, torch.tensor([0.2]))
+
+
+def test_hyperparameters_are_validated_by_name():
+    fedprox = get_algorithm("FedProx")
+    assert resolve_hyperparameters(fedprox, {"mu": 0.5}).mu == 0.5
+    with pytest.raises(AlgorithmError, match="has no hyperparameter 'lambda'"):
+        resolve_hyperparameters(fedprox, {"lambda": 0.1})
+    with pytest.raises(AlgorithmError, match="mu"):
+        resolve_hyperparameters(fedprox, {"mu": -1})
+    with pytest.raises(AlgorithmError, match="unknown algorithm"):
+        get_algorithm("fedfoo")

@@ -1,0 +1,58 @@
+"""The command line: bad input gives one line, exit code 2, no traceback, nothing written."""
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fedbed.cli import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--dataset", "Foo"], "unknown dataset 'Foo'"),
+        (["--algorithm", "fedfoo"], "unknown algorithm 'fedfoo'"),
+        (["--target", "90"], "RotatedMNIST has no domain '90'"),
+        (["--dataset", "PACS", "--target", "0"], "PACS has no domain '0'"),
+        (["--rounds", "0"], "rounds"),
+        (["--hp", "lambda=0.1"], "fedavg has no hyperparameter 'lambda'"),
+        (["--hp", "oops"], "--hp expects key=value"),
+        (["--data-root", "/nonexistent/folder"], "does not exist"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_nothing_written(arguments, message, tmp_path):
+    run_dir = tmp_path / "run"
+    arguments = ["run", *arguments] + ([] if "--run-dir" in arguments else ["--run-dir", str(run_dir)])
+    result = runner.invoke(app, arguments)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+    assert not run_dir.exists()
+
+
+def test_config_file_errors(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("rounds: 2\nlearning_rate: 3\n")
+    result = runner.invoke(app, ["run", "--config", str(config), "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 2 and "unknown setting 'learning_rate'" in result.output
+
+
+def test_datasets_lists_where_data_was_found(shared_data):
+    result = runner.invoke(app, ["datasets", "--data-root", str(shared_data)])
+    assert result.exit_code == 0
+    assert "packed" in result.output and "pacs_32.npz" in result.output and "mnist.npz" in result.output
+
+
+def test_run_prints_the_table_and_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    base = ["run", "--rounds", "2", "--local-steps", "1", "--run-dir", str(run_dir), "--no-progress"]
+    result = runner.invoke(app, base)
+    assert result.exit_code == 0, result.output
+    assert "embedded MNIST sample" in result.output and "ood mean" in result.output
+    assert (run_dir / "summary.json").exists()
+    result = runner.invoke(app, [*base[:2], "3", *base[3:], "--resume"])
+    assert result.exit_code == 0, result.output
+    assert len((run_dir / "rounds.jsonl").read_text().splitlines()) == 3

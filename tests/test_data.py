@@ -1,0 +1,148 @@
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fedbed.data import DataError, dataset_spec, load_dataset, prepare_dataset, resolve_data_root
+from fedbed.data.base import DomainDataset
+from fedbed.data.images import load_image_folders, load_packed
+from fedbed.data.mnist import ROTATED_MNIST_ANGLES, load_mnist_images, rotated_mnist
+
+
+def write_idx(folder: Path, images: np.ndarray, labels: np.ndarray, prefix: str, compress: bool) -> None:
+    """Write MNIST IDX files (big-endian header, then raw uint8)."""
+    n, h, w = images.shape
+    image_bytes = np.array([0x00000803, n, h, w], dtype=">i4").tobytes() + images.astype(np.uint8).tobytes()
+    label_bytes = np.array([0x00000801, n], dtype=">i4").tobytes() + labels.astype(np.uint8).tobytes()
+    for name, payload in ((f"{prefix}-images-idx3-ubyte", image_bytes), (f"{prefix}-labels-idx1-ubyte", label_bytes)):
+        if compress:
+            with gzip.open(folder / f"{name}.gz", "wb") as handle:
+                handle.write(payload)
+        else:
+            (folder / name).write_bytes(payload)
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_mnist_idx_files_are_read_first(tmp_path, compress):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    train = rng.integers(0, 256, (12, 28, 28))
+    test = rng.integers(0, 256, (6, 28, 28))
+    write_idx(raw, train, np.arange(12) % 10, "train", compress)
+    write_idx(raw, test, np.arange(6) % 10, "t10k", compress)
+    (tmp_path / "mnist").mkdir()
+    np.savez(tmp_path / "mnist" / "mnist.npz", train_images=train[:1], train_labels=[0], test_images=test[:1], test_labels=[0])
+    images, labels, source = load_mnist_images(tmp_path)
+    assert "IDX" in source
+    assert images.shape == (18, 28, 28)
+    assert torch.equal(images[:12], torch.from_numpy(train.astype(np.uint8)))
+    assert labels.tolist() == (list(np.arange(12) % 10) + list(np.arange(6) % 10))
+
+
+def test_mnist_packed_npz_then_embedded(tmp_path):
+    (tmp_path / "mnist").mkdir()
+    np.savez(
+        tmp_path / "mnist" / "mnist.npz",
+        train_images=np.zeros((4, 28, 28), np.uint8),
+        train_labels=np.array([1, 2, 3, 4], np.uint8),
+        test_images=np.ones((2, 28, 28), np.uint8),
+        test_labels=np.array([5, 6], np.uint8),
+    )
+    images, labels, source = load_mnist_images(tmp_path)
+    assert "packed" in source and len(images) == 6 and labels.tolist() == [1, 2, 3, 4, 5, 6]
+    _, labels, source = load_mnist_images(None)
+    assert "embedded" in source and len(labels) == 5000
+
+
+def test_rotated_mnist_follows_domainbed():
+    dataset = rotated_mnist(None)
+    assert dataset.domain_names == tuple(str(a) for a in ROTATED_MNIST_ANGLES)
+    counts = torch.bincount(dataset.domains).tolist()
+    assert sum(counts) == 5000 and max(counts) - min(counts) <= 1
+    # Domain 0 is unrotated: its images are MNIST images; the 90-degree check below shows the others turn.
+    raw, _, _ = load_mnist_images(None)
+    order = torch.randperm(5000, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(dataset.images[dataset.domains == 0][:, 0], raw[order][0::6])
+    rotated_45 = dataset.images[dataset.domains == 3][0, 0].float()
+    original = raw[order][3].float()
+    assert not torch.allclose(rotated_45, original)
+    assert abs(rotated_45.sum() - original.sum()) / original.sum() < 0.2  # rotation keeps most of the ink
+
+
+def test_shared_mnist_gives_the_full_dataset(shared_data):
+    dataset = load_dataset("rotatedmnist", shared_data)
+    assert len(dataset) == 70000 and dataset.input_shape == (1, 28, 28)
+    assert "packed" in dataset.source
+
+
+def test_folder_loader_on_pacs_mini(shared_data):
+    dataset = load_image_folders(shared_data / "pacs-mini", "PACS", 16, dataset_spec("PACS").domain_names)
+    assert len(dataset) == 224 and dataset.input_shape == (3, 16, 16)
+    assert dataset.class_names == ("dog", "elephant", "giraffe", "guitar", "horse", "house", "person")
+    assert torch.bincount(dataset.domains).tolist() == [56, 56, 56, 56]
+
+
+def test_prepare_writes_the_packed_layout_runs_read(shared_data, tmp_path):
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "PACS").symlink_to(shared_data / "pacs-mini")
+    path = prepare_dataset("PACS", root, 12)
+    assert path == root / "pacs" / "pacs_12.npz"
+    prepared = load_dataset("PACS", root, 12)
+    decoded = load_image_folders(root / "PACS", "PACS", 12)
+    assert "packed" in prepared.source
+    assert torch.equal(prepared.images, decoded.images) and torch.equal(prepared.labels, decoded.labels)
+
+
+def test_shared_packed_pacs(shared_data):
+    dataset = load_dataset("PACS", shared_data, 32)
+    assert len(dataset) == 9991 and dataset.input_shape == (3, 32, 32)
+    assert torch.bincount(dataset.domains).tolist() == [2048, 2344, 1670, 3929]
+
+
+def make_tree(root: Path, classes=("a", "b"), domains=("art_painting", "cartoon", "photo", "sketch")) -> None:
+    for domain in domains:
+        for class_name in classes:
+            folder = root / domain / class_name
+            folder.mkdir(parents=True)
+            Image.new("RGB", (5, 5), (10, 20, 30)).save(folder / "x.png")
+
+
+def test_errors_name_the_path_and_what_was_expected(tmp_path):
+    with pytest.raises(DataError, match="unknown dataset 'Nope'"):
+        load_dataset("Nope", tmp_path)
+    with pytest.raises(DataError, match="does not exist"):
+        resolve_data_root(tmp_path / "missing")
+    with pytest.raises(DataError, match="PACS not found under"):
+        load_dataset("PACS", tmp_path)
+    make_tree(tmp_path / "PACS")
+    (tmp_path / "PACS" / "photo" / "b" / "x.png").unlink()
+    with pytest.raises(DataError, match=r"class folder .*photo/b holds no image"):
+        load_dataset("PACS", tmp_path, 4)
+    (tmp_path / "PACS" / "photo" / "b" / "y.jpg").write_bytes(b"not an image")
+    with pytest.raises(DataError, match=r"cannot read image .*y\.jpg"):
+        load_dataset("PACS", tmp_path, 4)
+
+
+def test_missing_domain_folder_is_named(tmp_path):
+    make_tree(tmp_path / "PACS", domains=("art_painting", "cartoon", "photo"))
+    with pytest.raises(DataError, match="lacks the domain folder.*sketch"):
+        load_dataset("PACS", tmp_path, 4)
+
+
+def test_unknown_domain_and_bad_tensors():
+    dataset = rotated_mnist(None)
+    with pytest.raises(DataError, match="no domain '90'"):
+        dataset.domain_index("90")
+    with pytest.raises(DataError, match="uint8"):
+        DomainDataset("x", torch.zeros(2, 1, 2, 2), torch.zeros(2).long(), torch.zeros(2).long(), ("a",), ("d",), "t")
+
+
+def test_packed_file_missing_arrays(tmp_path):
+    np.savez(tmp_path / "bad.npz", images=np.zeros((1, 2, 2, 3), np.uint8))
+    with pytest.raises(DataError, match="expected arrays images, labels"):
+        load_packed(tmp_path / "bad.npz", "PACS")

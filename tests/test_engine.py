@@ -1,0 +1,126 @@
+"""Engine: resume equality, dropped clients, model selection, target isolation."""
+
+import json
+
+import pytest
+import torch
+
+from fedbed.algorithms import ALGORITHMS, get_algorithm
+from fedbed.algorithms.fedavg import FedAvg
+from fedbed.algorithms.local_training import SupervisedTrainer
+from fedbed.data import split_leave_one_domain_out, partition_one_client_per_domain
+from fedbed.experiment import ExperimentConfig, run_experiment
+from fedbed.federation.engine import Federation, client_infos, run_rounds
+from fedbed.federation.evaluation import select_round
+from fedbed.federation.local_data import ClientData
+from fedbed.federation.messages import Reply
+from fedbed.algorithms.registry import AlgorithmContext, TrainingBudget
+from fedbed.models import build_model
+from tests.conftest import make_dataset
+
+
+def build_federation(trainer_class=SupervisedTrainer, algorithm="fedavg"):
+    dataset = make_dataset(per_domain=48, domains=4)
+    split = split_leave_one_domain_out(dataset, ("d3",), 0.25, seed=0)
+    partitions = partition_one_client_per_domain(split)
+    torch.manual_seed(0)
+    factory = lambda: build_model("mnist_cnn", dataset.input_shape, dataset.num_classes)  # noqa: E731
+    context = AlgorithmContext(factory, TrainingBudget(batch_size=8, local_epochs=1), seed=0)
+    spec = get_algorithm(algorithm)
+    hparams = spec.hyperparameters()
+    federation = Federation(
+        strategy=spec.create_strategy(hparams, context),
+        trainer=trainer_class(hparams, context),
+        clients=[ClientData.from_dataset(dataset, p.indices) for p in partitions],
+        holdout={d: ClientData.from_dataset(dataset, i) for d, i in split.holdout.items()},
+        target={3: ClientData.from_dataset(dataset, split.target)},
+        domain_names=dataset.domain_names,
+    )
+    torch.manual_seed(1)
+    federation.strategy.initialize(factory(), client_infos(federation, [p.domains for p in partitions]))
+    return federation
+
+
+def run(federation, rounds, run_dir, resume=False):
+    return run_rounds(
+        federation, rounds=rounds, seed=5, participation_fraction=1.0, eval_every=1,
+        run_dir=run_dir, resume=resume, progress=False,
+    )
+
+
+def test_resume_equals_an_uninterrupted_run(tmp_path):
+    straight_dir, split_dir = tmp_path / "straight", tmp_path / "split"
+    straight_dir.mkdir(), split_dir.mkdir()
+    straight = build_federation()
+    run(straight, 4, straight_dir)
+    first_half = build_federation()
+    run(first_half, 2, split_dir)
+    resumed = build_federation()  # a fresh process would rebuild everything, then load the checkpoint
+    evaluations = run(resumed, 4, split_dir, resume=True)
+    for key, value in straight.strategy.global_model().state_dict().items():
+        assert torch.equal(value, resumed.strategy.global_model().state_dict()[key]), key
+    assert [e["round"] for e in evaluations] == [1, 2, 3, 4]
+    assert len((split_dir / "rounds.jsonl").read_text().splitlines()) == 4
+
+
+class FlakyTrainer(SupervisedTrainer):
+    """Client 0 raises, client 1 returns NaN, client 2 behaves."""
+
+    calls = 0
+
+    def fit(self, payload, data, state):
+        reply = super().fit(payload, data, state)
+        FlakyTrainer.calls += 1
+        if FlakyTrainer.calls % 3 == 1:
+            raise RuntimeError("disk full")
+        if FlakyTrainer.calls % 3 == 2:
+            return Reply({k: v * float("nan") if v.is_floating_point() else v for k, v in reply.arrays.items()}, reply.num_examples)
+        return reply
+
+
+def test_failing_clients_are_dropped_with_a_reason(tmp_path):
+    federation = build_federation(FlakyTrainer)
+    run(federation, 1, tmp_path)
+    record = json.loads((tmp_path / "rounds.jsonl").read_text())
+    assert record["dropped"]["0"].startswith("raised RuntimeError: disk full")
+    assert "non-finite" in record["dropped"]["1"]
+    assert record["telemetry"]["weights"] == {"2": 1.0}
+    assert all(torch.isfinite(v).all() for v in federation.strategy.global_model().state_dict().values() if v.is_floating_point())
+
+
+def test_selection_rules_on_a_synthetic_log():
+    log = [
+        {"round": 1, "id_mean": 50.0, "ood_mean": 90.0},
+        {"round": 2, "id_mean": 70.0, "ood_mean": 10.0},
+        {"round": 3, "id_mean": 70.0, "ood_mean": 20.0},
+        {"round": 4, "id_mean": 60.0, "ood_mean": 30.0},
+    ]
+    assert select_round(log, "last")["round"] == 4
+    chosen = select_round(log, "train_domain_val")
+    assert chosen["round"] == 2 and chosen["selection"] == "train_domain_val"  # ties: earliest; ood ignored
+    oracle = select_round(log, "oracle")
+    assert oracle["round"] == 1 and oracle["selection"] == "oracle"
+    with pytest.raises(ValueError):
+        select_round(log, "best")
+
+
+class DomainRecordingTrainer(SupervisedTrainer):
+    seen: set = set()
+
+    def fit(self, payload, data, state):
+        DomainRecordingTrainer.seen |= set(data.domains.tolist())
+        return super().fit(payload, data, state)
+
+
+def test_no_target_sample_reaches_training(tmp_path, monkeypatch):
+    class Recording(FedAvg):
+        name = "recording"
+
+        def create_trainer(self, hparams, context):
+            return DomainRecordingTrainer(hparams, context)
+
+    monkeypatch.setitem(ALGORITHMS, "recording", Recording)
+    config = ExperimentConfig(algorithm="recording", target="30", rounds=1, local_steps=2, run_dir=tmp_path)
+    summary = run_experiment(config, progress=False, echo=lambda *_: None)
+    assert DomainRecordingTrainer.seen == {0, 1, 3, 4, 5}  # every source domain, never 30 degrees (id 2)
+    assert set(summary["selection"]["train_domain_val"]["id"]) == {"0", "15", "45", "60", "75"}

@@ -1,0 +1,44 @@
+import pytest
+import torch
+
+from fedbed.models import ModelError, build_model
+from fedbed.models.networks import HfedfCnn, InceptionModule
+
+
+@pytest.mark.parametrize(
+    "name, shape, feature_dim",
+    [("mnist_cnn", (1, 28, 28), 128), ("hfedf_cnn", (3, 32, 32), 256), ("resnet18", (3, 32, 32), 512)],
+)
+def test_models_expose_featurizer_and_classifier(name, shape, feature_dim):
+    model = build_model(name, shape, num_classes=7)
+    images = torch.randn(2, *shape)
+    features = model.featurizer(images)
+    assert features.shape == (2, feature_dim) == (2, model.feature_dim)
+    assert model.classifier(features).shape == (2, 7)
+    assert torch.allclose(model.eval()(images), model.classifier(model.featurizer(images)))
+
+
+def test_hfedf_cnn_matches_table_9_widths():
+    first = InceptionModule(64)
+    assert first.out_channels == 176 and InceptionModule(176).out_channels == 288
+    layers = HfedfCnn().layers
+    flat = layers[:13](torch.zeros(1, 3, 32, 32))
+    assert flat.shape == (1, 2592)
+
+
+def test_resnet_weights_only_from_a_local_file(tmp_path):
+    reference = build_model("resnet18", (3, 32, 32), 2)
+    state = {k.removeprefix("featurizer."): v for k, v in reference.state_dict().items() if k.startswith("featurizer.")}
+    state["fc.weight"], state["fc.bias"] = torch.zeros(1000, 512), torch.zeros(1000)
+    torch.save(state, tmp_path / "resnet18.pth")
+    loaded = build_model("resnet18", (3, 32, 32), 2, pretrained_weights=tmp_path / "resnet18.pth")
+    assert torch.equal(loaded.featurizer.conv1.weight, reference.featurizer.conv1.weight)
+    with pytest.raises(ModelError, match="does not exist"):
+        build_model("resnet18", (3, 32, 32), 2, pretrained_weights=tmp_path / "missing.pth")
+
+
+def test_model_errors():
+    with pytest.raises(ModelError, match="unknown model"):
+        build_model("vgg", (3, 32, 32), 2)
+    with pytest.raises(ModelError, match="32x32"):
+        build_model("hfedf_cnn", (3, 64, 64), 2)

@@ -1,0 +1,96 @@
+import torch
+import pytest
+
+from fedbed.data import (
+    DataError,
+    partition_domains_per_client,
+    partition_lambda_mix,
+    partition_one_client_per_domain,
+    sample_clients,
+    split_leave_one_domain_out,
+)
+from fedbed.data.splits import DomainSplit
+from tests.conftest import make_dataset
+
+
+def test_holdout_is_deterministic_disjoint_and_excludes_the_target(tiny_dataset):
+    first = split_leave_one_domain_out(tiny_dataset, ("d1",), 0.25, seed=3)
+    again = split_leave_one_domain_out(tiny_dataset, ("d1",), 0.25, seed=3)
+    other = split_leave_one_domain_out(tiny_dataset, ("d1",), 0.25, seed=4)
+    assert first.source_domains == (0, 2) and first.target_domains == (1,)
+    for d in first.source_domains:
+        assert torch.equal(first.holdout[d], again.holdout[d])
+        assert len(first.holdout[d]) == 10 and len(first.train[d]) == 30
+        assert not set(first.holdout[d].tolist()) & set(first.train[d].tolist())
+        assert (tiny_dataset.domains[first.train[d]] == d).all()
+    assert any(not torch.equal(first.holdout[d], other.holdout[d]) for d in first.source_domains)
+    target_ids = set(first.target.tolist())
+    assert target_ids == set(tiny_dataset.indices_of_domain(1).tolist())
+    used = set().union(*(set(first.train[d].tolist()) | set(first.holdout[d].tolist()) for d in first.source_domains))
+    assert not used & target_ids
+
+
+def fake_split(sizes: dict[int, int]) -> DomainSplit:
+    offset, train = 0, {}
+    for d, n in sizes.items():
+        train[d] = torch.arange(offset, offset + n)
+        offset += n
+    return DomainSplit(tuple(sizes), (99,), train, {d: torch.empty(0, dtype=torch.long) for d in sizes}, torch.empty(0))
+
+
+def test_algorithm_5_three_clients_two_domains_each():
+    # a = floor(3*2/3) = 2, b = 0: every domain in 2 pieces; the sweep gives {0,1}, {0,2}, {1,2}.
+    clients = partition_domains_per_client(fake_split({0: 10, 1: 10, 2: 10}), 3, 2, seed=0)
+    assert [c.domains for c in clients] == [(0, 1), (0, 2), (1, 2)]
+    assert sorted(torch.cat([c.indices for c in clients]).tolist()) == list(range(30))
+    assert [len(c.indices) for c in clients] == [10, 10, 10]
+
+
+def test_algorithm_5_extra_piece_goes_to_the_largest_domain():
+    # N=4, d=1, |Z|=3: a=1, b=1; the largest domain (2) is split in two.
+    clients = partition_domains_per_client(fake_split({0: 6, 1: 8, 2: 20}), 4, 1, seed=0)
+    assert [c.domains for c in clients] == [(0,), (1,), (2,), (2,)]
+    assert [len(c.indices) for c in clients] == [6, 8, 10, 10]
+
+
+def test_algorithm_5_d_equal_one_is_one_client_per_domain():
+    split = fake_split({0: 5, 1: 6, 2: 7})
+    by_algorithm_5 = partition_domains_per_client(split, 3, 1, seed=1)
+    default = partition_one_client_per_domain(split)
+    assert [c.domains for c in by_algorithm_5] == [c.domains for c in default]
+
+
+def test_algorithm_5_rejects_uncoverable_settings():
+    with pytest.raises(DataError, match="cannot cover"):
+        partition_domains_per_client(fake_split({0: 5, 1: 5, 2: 5}), 1, 2, seed=0)
+    with pytest.raises(DataError, match="domains per client"):
+        partition_domains_per_client(fake_split({0: 5, 1: 5}), 2, 3, seed=0)
+
+
+def test_lambda_mix_extremes_and_shares():
+    split = fake_split({0: 40, 1: 40, 2: 40})
+    alone = partition_lambda_mix(split, 3, 0.0, seed=0)
+    assert [c.domains for c in alone] == [(0,), (1,), (2,)]
+    mixed = partition_lambda_mix(split, 3, 1.0, seed=0)
+    assert all(c.domains == (0, 1, 2) for c in mixed)
+    half = partition_lambda_mix(split, 6, 0.5, seed=0)
+    # Client 0 (main domain 0): 20/6 of every domain (~3 or 4 each) plus half of the remaining 20 of domain 0.
+    own = [i for i in half[0].indices.tolist() if i < 40]
+    assert len(own) in (13, 14)
+    assert sorted(torch.cat([c.indices for c in half]).tolist()) == list(range(120))
+
+
+def test_client_sampling_is_seeded_per_round():
+    assert sample_clients(10, 1.0, seed=0, round_number=1) == list(range(10))
+    picks = sample_clients(10, 0.3, seed=0, round_number=5)
+    assert len(picks) == 3 and picks == sample_clients(10, 0.3, seed=0, round_number=5)
+    assert len({tuple(sample_clients(10, 0.3, seed=0, round_number=r)) for r in range(1, 20)}) > 1
+    with pytest.raises(DataError):
+        sample_clients(10, 0.0, seed=0, round_number=1)
+
+
+def test_split_with_more_domains():
+    dataset = make_dataset(per_domain=10, domains=4)
+    split = split_leave_one_domain_out(dataset, ("d3",), 0.2, seed=0)
+    assert split.source_domains == (0, 1, 2)
+    assert [len(split.holdout[d]) for d in split.source_domains] == [2, 2, 2]
