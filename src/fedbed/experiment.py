@@ -71,7 +71,7 @@ class ExperimentConfig(BaseModel):
     dataset: str = "RotatedMNIST"
     target: str = "0"
     algorithm: str = "fedavg"
-    rounds: int = Field(10, gt=0)
+    rounds: int = Field(15, gt=0)
     local_epochs: int | None = Field(1, gt=0)
     local_steps: int | None = Field(None, gt=0)
     batch_size: int = Field(64, gt=0)

@@ -120,7 +120,8 @@ def run_rounds(
         rounds: total number of rounds R (>= 1).
         seed: the run's seed (client sampling, batch order, dropout).
         participation_fraction: fraction of clients sampled per round, in (0, 1].
-        eval_every: evaluate every this many rounds (and always after the last round).
+        eval_every: evaluate every this many rounds and after the last; 0 never evaluates
+            (for timing the engine alone).
         run_dir: where the log and checkpoint go (must exist).
         resume: continue from ``run_dir/checkpoint.pt`` instead of starting over.
         progress: show a progress bar with round, loss and accuracy.
@@ -173,7 +174,7 @@ def run_rounds(
             raise EngineError(f"round {round_number}: every selected client failed: {dropped}")
         summary = federation.strategy.aggregate(round_number, replies)
         evaluation = None
-        if round_number % eval_every == 0 or round_number == rounds:
+        if eval_every and (round_number % eval_every == 0 or round_number == rounds):
             evaluation = {"round": round_number, **evaluate_models(
                 federation.strategy.evaluation_models(), federation.holdout, federation.target, federation.domain_names
             )}
