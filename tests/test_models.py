@@ -7,7 +7,7 @@ from fedbed.models.networks import HfedfCnn, InceptionModule
 
 @pytest.mark.parametrize(
     "name, shape, feature_dim",
-    [("mnist_cnn", (1, 28, 28), 128), ("hfedf_cnn", (3, 32, 32), 256), ("resnet18", (3, 32, 32), 512)],
+    [("mnist_cnn", (1, 28, 28), 128), ("lenet", (1, 28, 28), 84), ("hfedf_cnn", (3, 32, 32), 256), ("resnet18", (3, 32, 32), 512)],
 )
 def test_models_expose_featurizer_and_classifier(name, shape, feature_dim):
     model = build_model(name, shape, num_classes=7)

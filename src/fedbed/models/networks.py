@@ -56,6 +56,36 @@ class MnistCnn(nn.Module):
         return self.layers(images)
 
 
+class LeNet(nn.Module):
+    """LeNet-5 featurizer (LeCun et al. 1998) for 28x28 images, the RotatedMNIST model of PPDG
+    (``ppdg-gradient-alignment.txt``, Sec. 4.4).
+
+    conv5x5(6, padding 2) -> ReLU -> maxpool 2 -> conv5x5(16) -> ReLU -> maxpool 2 -> flatten (400)
+    -> linear 120 -> ReLU -> linear 84 -> ReLU: ``[B, C, 28, 28]`` -> ``[B, 84]``.
+    """
+
+    feature_dim = 84
+
+    def __init__(self, in_channels: int) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Conv2d(in_channels, 6, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(16 * 5 * 5, 120),
+            nn.ReLU(),
+            nn.Linear(120, self.feature_dim),
+            nn.ReLU(),
+        )
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.layers(images)
+
+
 class InceptionModule(nn.Module):
     """The Inception-style block of hFedF's client CNN (``hfedf.txt``, Table 9).
 
@@ -140,7 +170,7 @@ class ModelError(ValueError):
     """Raised for an unknown model name, a model that does not fit the data, or unreadable weights."""
 
 
-MODELS = ("mnist_cnn", "hfedf_cnn", "resnet18", "resnet50")
+MODELS = ("mnist_cnn", "lenet", "hfedf_cnn", "resnet18", "resnet50")
 
 
 def build_model(
@@ -164,6 +194,10 @@ def build_model(
     channels, height, width = input_shape
     if name == "mnist_cnn":
         featurizer, dim = MnistCnn(channels), MnistCnn.feature_dim
+    elif name == "lenet":
+        if (height, width) != (28, 28):
+            raise ModelError(f"lenet takes 28x28 images, got {height}x{width}")
+        featurizer, dim = LeNet(channels), LeNet.feature_dim
     elif name == "hfedf_cnn":
         if (height, width) != (32, 32):
             raise ModelError(f"hfedf_cnn takes 32x32 images (hFedF Table 9), got {height}x{width}; use --image-size 32")
