@@ -22,7 +22,7 @@ import torch
 from fedbed.algorithms import AlgorithmContext, TrainingBudget, get_algorithm
 from fedbed.algorithms.local_training import make_optimizer
 from fedbed.data import load_dataset, split_leave_one_domain_out
-from fedbed.data.splits import derive_seed
+from fedbed.seeding import derive_seed
 from fedbed.federation.engine import Federation, run_rounds
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import ClientInfo

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedbed.algorithms import get_algorithm
+from fedbed.algorithms.registry import AlgorithmContext, TrainingBudget
+from fedbed.data import partition_one_client_per_domain, split_leave_one_domain_out
 from fedbed.data.base import DomainDataset
+from fedbed.federation.engine import Federation, client_infos
+from fedbed.federation.local_data import ClientData
+from fedbed.models import build_model
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -51,3 +57,27 @@ def make_dataset(per_domain: int = 40, domains: int = 3, classes: int = 2, side:
 @pytest.fixture
 def tiny_dataset() -> DomainDataset:
     return make_dataset()
+
+
+def build_federation(dataset=None, target="d3", algorithm="fedavg", trainer_class=None, hp=None, batch_size=8):
+    """A built :class:`Federation` on small data, one client per source domain, initialised with seed 1."""
+    dataset = dataset if dataset is not None else make_dataset(per_domain=48, domains=4)
+    split = split_leave_one_domain_out(dataset, (target,), 0.25, seed=0)
+    partitions = partition_one_client_per_domain(split)
+    torch.manual_seed(0)
+    factory = lambda: build_model("mnist_cnn", dataset.input_shape, dataset.num_classes)  # noqa: E731
+    context = AlgorithmContext(factory, TrainingBudget(batch_size=batch_size, local_epochs=1), seed=0, task=dataset.task)
+    spec = get_algorithm(algorithm)
+    hparams = spec.hyperparameters(**(hp or {}))
+    federation = Federation(
+        strategy=spec.create_strategy(hparams, context),
+        trainer=(trainer_class or type(spec.create_trainer(hparams, context)))(hparams, context),
+        clients=[ClientData.from_dataset(dataset, p.indices) for p in partitions],
+        holdout={d: ClientData.from_dataset(dataset, i) for d, i in split.holdout.items()},
+        target={d: ClientData.from_dataset(dataset, dataset.indices_of_domain(d)) for d in split.target_domains},
+        domain_names=dataset.domain_names,
+        task=dataset.task,
+    )
+    torch.manual_seed(1)
+    federation.strategy.initialize(factory(), client_infos(federation, [p.domains for p in partitions]))
+    return federation

@@ -5,40 +5,14 @@ import json
 import pytest
 import torch
 
-from fedbed.algorithms import ALGORITHMS, get_algorithm
+from fedbed.algorithms import ALGORITHMS
 from fedbed.algorithms.fedavg import FedAvg
 from fedbed.algorithms.local_training import SupervisedTrainer
-from fedbed.data import split_leave_one_domain_out, partition_one_client_per_domain
 from fedbed.experiment import ExperimentConfig, run_experiment
-from fedbed.federation.engine import Federation, client_infos, run_rounds
+from fedbed.federation.engine import run_rounds
 from fedbed.federation.evaluation import select_round
-from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import Reply
-from fedbed.algorithms.registry import AlgorithmContext, TrainingBudget
-from fedbed.models import build_model
-from tests.conftest import make_dataset
-
-
-def build_federation(trainer_class=SupervisedTrainer, algorithm="fedavg"):
-    dataset = make_dataset(per_domain=48, domains=4)
-    split = split_leave_one_domain_out(dataset, ("d3",), 0.25, seed=0)
-    partitions = partition_one_client_per_domain(split)
-    torch.manual_seed(0)
-    factory = lambda: build_model("mnist_cnn", dataset.input_shape, dataset.num_classes)  # noqa: E731
-    context = AlgorithmContext(factory, TrainingBudget(batch_size=8, local_epochs=1), seed=0)
-    spec = get_algorithm(algorithm)
-    hparams = spec.hyperparameters()
-    federation = Federation(
-        strategy=spec.create_strategy(hparams, context),
-        trainer=trainer_class(hparams, context),
-        clients=[ClientData.from_dataset(dataset, p.indices) for p in partitions],
-        holdout={d: ClientData.from_dataset(dataset, i) for d, i in split.holdout.items()},
-        target={3: ClientData.from_dataset(dataset, split.target)},
-        domain_names=dataset.domain_names,
-    )
-    torch.manual_seed(1)
-    federation.strategy.initialize(factory(), client_infos(federation, [p.domains for p in partitions]))
-    return federation
+from tests.conftest import build_federation
 
 
 def run(federation, rounds, run_dir, resume=False):
@@ -79,7 +53,7 @@ class FlakyTrainer(SupervisedTrainer):
 
 
 def test_failing_clients_are_dropped_with_a_reason(tmp_path):
-    federation = build_federation(FlakyTrainer)
+    federation = build_federation(trainer_class=FlakyTrainer)
     run(federation, 1, tmp_path)
     record = json.loads((tmp_path / "rounds.jsonl").read_text())
     assert record["dropped"]["0"].startswith("raised RuntimeError: disk full")

@@ -24,7 +24,7 @@ from fedbed.data import (
     resolve_data_root,
     split_leave_one_domain_out,
 )
-from fedbed.data.splits import derive_seed
+from fedbed.seeding import derive_seed
 from fedbed.federation.engine import Federation, client_infos, run_rounds
 from fedbed.federation.evaluation import SELECTION_RULES, select_round
 from fedbed.federation.local_data import ClientData
@@ -149,7 +149,7 @@ def validate(config: ExperimentConfig) -> None:
             raise ConfigError(
                 f"{spec.name} has no domain {config.target!r}; its domains are {', '.join(spec.domain_names)}"
             )
-        resolve_hyperparameters(get_algorithm(config.algorithm), config.hp)
+        resolve_hyperparameters(get_algorithm(config.algorithm), config.hp, spec.name)
         resolve_data_root(config.data_root)
     except (DataError, AlgorithmError) as error:
         raise ConfigError(str(error)) from None
@@ -181,8 +181,8 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, progress: 
     """
     validate(config)
     algorithm = get_algorithm(config.algorithm)
-    hparams = resolve_hyperparameters(algorithm, config.hp)
     spec = dataset_spec(config.dataset)
+    hparams = resolve_hyperparameters(algorithm, config.hp, spec.name)
     try:
         dataset = load_dataset(spec.name, resolve_data_root(config.data_root), config.image_size)
         split = split_leave_one_domain_out(dataset, (config.target,), config.holdout_fraction, config.seed)
@@ -198,7 +198,7 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, progress: 
         return build_model(model_name, dataset.input_shape, dataset.num_classes, config.pretrained_weights)
 
     budget = TrainingBudget(config.batch_size, config.local_epochs, config.local_steps)
-    context = AlgorithmContext(model_factory=model_factory, budget=budget, seed=config.seed)
+    context = AlgorithmContext(model_factory=model_factory, budget=budget, seed=config.seed, task=dataset.task)
     federation = Federation(
         strategy=algorithm.create_strategy(hparams, context),
         trainer=algorithm.create_trainer(hparams, context),
@@ -206,6 +206,7 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, progress: 
         holdout={d: ClientData.from_dataset(dataset, idx) for d, idx in split.holdout.items()},
         target={d: ClientData.from_dataset(dataset, dataset.indices_of_domain(d)) for d in split.target_domains},
         domain_names=dataset.domain_names,
+        task=dataset.task,
     )
     torch.manual_seed(derive_seed(config.seed, 0))
     federation.strategy.initialize(model_factory(), client_infos(federation, [p.domains for p in partitions]))

@@ -41,3 +41,158 @@ def weighted_average(arrays: Sequence[Mapping[str, torch.Tensor]], weights: Sequ
 def clone_arrays(arrays: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Detached copies of every tensor (what crosses the server/client boundary)."""
     return {key: value.detach().clone() for key, value in arrays.items()}
+
+
+def flatten(arrays: Mapping[str, torch.Tensor], keys: Sequence[str]) -> torch.Tensor:
+    """Concatenate ``arrays[k]`` for ``k`` in ``keys`` into one float64 vector ``[P]``."""
+    return torch.cat([arrays[key].detach().reshape(-1).to(torch.float64) for key in keys])
+
+
+def unflatten(vector: torch.Tensor, like: Mapping[str, torch.Tensor], keys: Sequence[str]) -> dict[str, torch.Tensor]:
+    """Split a vector ``[P]`` back into tensors shaped and typed as ``like[k]`` for ``k`` in ``keys``."""
+    out, offset = {}, 0
+    for key in keys:
+        size = like[key].numel()
+        out[key] = vector[offset : offset + size].reshape(like[key].shape).to(like[key].dtype)
+        offset += size
+    return out
+
+
+def cosine_matrix(updates: torch.Tensor) -> torch.Tensor:
+    """Pairwise cosine similarities of K update vectors.
+
+    Args:
+        updates: ``[K, P]``.
+
+    Returns:
+        ``[K, K]`` float64; a row or column of an all-zero update is 0 (cosine undefined), so the
+        result is always finite.
+    """
+    updates = updates.to(torch.float64)
+    norms = updates.norm(dim=1)
+    gram = updates @ updates.T
+    scale = torch.outer(norms, norms)
+    return torch.where(scale > 0, gram / torch.where(scale > 0, scale, torch.ones_like(scale)), torch.zeros_like(gram))
+
+
+def conflicting_pairs(updates: torch.Tensor) -> int:
+    """Number of unordered pairs ``i < j`` whose updates conflict: ``⟨g_i, g_j⟩ < 0``."""
+    gram = updates.to(torch.float64) @ updates.to(torch.float64).T
+    return int(torch.triu(gram < 0, diagonal=1).sum())
+
+
+def alignment_telemetry(updates: torch.Tensor, client_ids: Sequence[int]) -> dict:
+    """How the clients' updates of one round agree: cosine matrix, conflicts and norms.
+
+    Args:
+        updates: ``[K, P]`` client updates Δθ_k = θ_k − θ_sent, rows in ``client_ids`` order.
+        client_ids: the K client ids.
+
+    Returns:
+        ``{"clients": [...], "cosine": K x K nested list, "conflicting_pairs": int,
+        "update_norms": [...]}`` (JSON-serialisable).
+    """
+    return {
+        "clients": [int(c) for c in client_ids],
+        "cosine": cosine_matrix(updates).tolist(),
+        "conflicting_pairs": conflicting_pairs(updates),
+        "update_norms": updates.to(torch.float64).norm(dim=1).tolist(),
+    }
+
+
+def visiting_orders(count: int, generator: torch.Generator) -> list[list[int]]:
+    """For each ``i`` in ``0..count-1``, the other indices ``j != i`` in a random order."""
+    return [[j for j in torch.randperm(count, generator=generator).tolist() if j != i] for i in range(count)]
+
+
+def ppdg_align(
+    updates: torch.Tensor,
+    alignment_lambda: float,
+    orders: Sequence[Sequence[int]],
+    always_align: bool = False,
+) -> torch.Tensor:
+    """PPDG's pairwise gradient alignment (``ppdg-gradient-alignment.txt``, Sec. 3.2, Algorithm 1, Eq. 5).
+
+    For each client ``i`` (in order) and each other client ``j`` (in the random order given by
+    ``orders``): if ``⟨ĝ_i, ĝ_j⟩ < 0`` then ``ĝ_i ← ĝ_i − 2λ(ĝ_i − ĝ_j)``, where ``ĝ_j`` is the
+    current, possibly already modified, vector, as in Algorithm 1. Only additions,
+    multiplications and comparisons are used (no division: the homomorphic-encryption property
+    of Sec. 3.2), so all-zero updates pass through unchanged.
+
+    Args:
+        updates: ``[K, P]`` client updates.
+        alignment_lambda: λ of Eq. 5.
+        orders: for each ``i``, the ``j`` in visiting order (:func:`visiting_orders`).
+        always_align: align every pair, conflicting or not (the "w/o gradient conflict" ablation, Table 6).
+
+    Returns:
+        ``[K, P]`` aligned updates ĝ (a new tensor).
+    """
+    aligned = updates.to(torch.float64).clone()
+    for i, order in enumerate(orders):
+        for j in order:
+            if always_align or float(aligned[i] @ aligned[j]) < 0:
+                aligned[i] = aligned[i] - 2.0 * alignment_lambda * (aligned[i] - aligned[j])
+    return aligned
+
+
+def pcgrad_project(updates: torch.Tensor, orders: Sequence[Sequence[int]]) -> torch.Tensor:
+    """PCGrad's projection (Yu et al., NeurIPS 2020, Algorithm 1) applied to client updates.
+
+    For each ``i`` and each other ``j`` in a random order: if ``g_i^PC · g_j < 0`` then
+    ``g_i^PC ← g_i^PC − (g_i^PC · g_j / ||g_j||²) g_j``, projecting onto the normal plane of the
+    *original* ``g_j``. A zero ``g_j`` never conflicts, so no division by zero happens.
+
+    Args:
+        updates: ``[K, P]``.
+        orders: for each ``i``, the ``j`` in visiting order (:func:`visiting_orders`).
+
+    Returns:
+        ``[K, P]`` projected updates.
+    """
+    original = updates.to(torch.float64)
+    projected = original.clone()
+    squared_norms = (original * original).sum(dim=1)
+    for i, order in enumerate(orders):
+        for j in order:
+            dot = float(projected[i] @ original[j])
+            if dot < 0:
+                projected[i] = projected[i] - (dot / float(squared_norms[j])) * original[j]
+    return projected
+
+
+def sign_agreement(updates: torch.Tensor) -> torch.Tensor:
+    """Per-coordinate sign agreement ``A_j = |(1/K) Σ_k sign(g_kj)|`` in [0, 1] (FedGMA's score).
+
+    Args:
+        updates: ``[K, P]``.
+
+    Returns:
+        ``[P]`` float64; 1 where every client has the same strict sign, 0 where signs cancel.
+    """
+    return torch.sign(updates.to(torch.float64)).mean(dim=0).abs()
+
+
+def unanimous_sign_mask(updates: torch.Tensor) -> torch.Tensor:
+    """Mansilla et al.'s agreement mask: 1 where all K updates share one strict sign, else 0.
+
+    ``m_j = 1[|Σ_k sign(g_kj)| = K]``; a zero coordinate in any update breaks agreement.
+
+    Returns:
+        ``[P]`` float64 of zeros and ones.
+    """
+    count = updates.shape[0]
+    return (torch.sign(updates.to(torch.float64)).sum(dim=0).abs() == count).to(torch.float64)
+
+
+def gradient_masked_average_mask(updates: torch.Tensor, mask_threshold: float) -> torch.Tensor:
+    """FedGMA's soft mask (Tenison et al. 2022): ``M_j = 1`` if ``A_j >= τ`` else ``A_j``.
+
+    ``A`` is :func:`sign_agreement`. Coordinates below the threshold are scaled by their agreement,
+    not zeroed; ``τ = 0`` gives the all-ones mask (FedAvg).
+
+    Returns:
+        ``[P]`` float64 in [0, 1].
+    """
+    agreement = sign_agreement(updates)
+    return torch.where(agreement >= mask_threshold, torch.ones_like(agreement), agreement)

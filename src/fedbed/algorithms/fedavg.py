@@ -21,6 +21,9 @@ class FedAvgStrategy(ServerStrategy):
     with ``n = Σ_k n_k``. Subclasses change :meth:`combine` to aggregate differently.
     """
 
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+
     def initialize(self, model: nn.Module, clients: list[ClientInfo]) -> None:
         self.model = model
         self.clients = {c.client_id: c for c in clients}
@@ -29,7 +32,7 @@ class FedAvgStrategy(ServerStrategy):
         arrays = clone_arrays(self.model.state_dict())
         return {client: Payload(arrays=arrays) for client in selected}
 
-    def combine(self, replies: dict[int, Reply]) -> tuple[dict, dict[str, Any]]:
+    def combine(self, round_number: int, replies: dict[int, Reply]) -> tuple[dict, dict[str, Any]]:
         """The new global state dict and the telemetry of the combination (weights n_k/n)."""
         order = sorted(replies)
         weights = [replies[c].num_examples for c in order]
@@ -38,7 +41,7 @@ class FedAvgStrategy(ServerStrategy):
         return weighted_average([replies[c].arrays for c in order], weights), telemetry
 
     def aggregate(self, round_number: int, replies: dict[int, Reply]) -> RoundSummary:
-        new_state, telemetry = self.combine(replies)
+        new_state, telemetry = self.combine(round_number, replies)
         self.model.load_state_dict(new_state)
         losses = [r.metrics["loss"] for r in replies.values() if "loss" in r.metrics]
         metrics = {"train_loss": sum(losses) / len(losses)} if losses else {}
@@ -63,7 +66,7 @@ class FedAvg(Algorithm):
     hyperparameters = LocalTrainingHyperparameters
 
     def create_strategy(self, hparams: LocalTrainingHyperparameters, context: AlgorithmContext) -> ServerStrategy:
-        return FedAvgStrategy()
+        return FedAvgStrategy(context.seed)
 
     def create_trainer(self, hparams: LocalTrainingHyperparameters, context: AlgorithmContext) -> SupervisedTrainer:
         return SupervisedTrainer(hparams, context)

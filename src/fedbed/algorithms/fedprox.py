@@ -59,7 +59,7 @@ class FedProx(Algorithm):
     hyperparameters = FedProxHyperparameters
 
     def create_strategy(self, hparams: FedProxHyperparameters, context: AlgorithmContext) -> FedAvgStrategy:
-        return FedAvgStrategy()
+        return FedAvgStrategy(context.seed)
 
     def create_trainer(self, hparams: FedProxHyperparameters, context: AlgorithmContext) -> FedProxTrainer:
         return FedProxTrainer(hparams, context)

@@ -40,6 +40,14 @@ def make_optimizer(parameters, hparams: LocalTrainingHyperparameters) -> torch.o
     )
 
 
+def task_loss(task: str, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of logits ``[B, C]`` vs labels ``[B]``, or, for ``task="regression"``, the mean
+    squared error of outputs ``[B, 1]`` vs targets ``[B]``."""
+    if task == "regression":
+        return nn.functional.mse_loss(outputs.squeeze(1), targets)
+    return nn.functional.cross_entropy(outputs, targets)
+
+
 def train_locally(
     model: nn.Module,
     data: ClientData,
@@ -47,8 +55,9 @@ def train_locally(
     budget: TrainingBudget,
     generator: torch.Generator,
     extra_loss: Callable[[nn.Module], torch.Tensor] | None = None,
+    task: str = "classification",
 ) -> float:
-    """Minimise cross-entropy (+ ``extra_loss(model)``) on ``data`` for the budget.
+    """Minimise the task loss (:func:`task_loss`, + ``extra_loss(model)``) on ``data`` for the budget.
 
     Args:
         model: trained in place.
@@ -69,7 +78,7 @@ def train_locally(
     epoch = 0
     while (epochs is None or epoch < epochs) and (max_steps is None or steps < max_steps):
         for inputs, targets in data.batches(budget.batch_size, generator):
-            loss = nn.functional.cross_entropy(model(inputs), targets)
+            loss = task_loss(task, model(inputs), targets)
             if extra_loss is not None:
                 loss = loss + extra_loss(model)
             optimizer.zero_grad(set_to_none=True)
@@ -84,7 +93,7 @@ def train_locally(
 
 
 class SupervisedTrainer(ClientTrainer):
-    """Load the payload's state dict, train with cross-entropy, send the trained state dict back.
+    """Load the payload's state dict, train on the task loss, send the trained state dict back.
 
     The client half of FedAvg, Central and Local-only; subclasses add loss terms through
     :meth:`extra_loss`.
@@ -93,6 +102,7 @@ class SupervisedTrainer(ClientTrainer):
     def __init__(self, hparams: LocalTrainingHyperparameters, context: AlgorithmContext) -> None:
         self.hparams = hparams
         self.budget = context.budget
+        self.task = context.task
         self.model = context.model_factory()
 
     def extra_loss(self, payload: Payload) -> Callable[[nn.Module], torch.Tensor] | None:
@@ -102,5 +112,7 @@ class SupervisedTrainer(ClientTrainer):
     def fit(self, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
         self.model.load_state_dict(payload.arrays)
         generator = torch.Generator().manual_seed(int(payload.config["batch_seed"]))
-        loss = train_locally(self.model, data, self.hparams, self.budget, generator, self.extra_loss(payload))
+        loss = train_locally(
+            self.model, data, self.hparams, self.budget, generator, self.extra_loss(payload), self.task
+        )
         return Reply(arrays=clone_arrays(self.model.state_dict()), num_examples=len(data), metrics={"loss": loss})

@@ -43,11 +43,13 @@ class AlgorithmContext:
         model_factory: returns a fresh model (same architecture every call).
         budget: the local training budget.
         seed: the run's seed.
+        task: ``"classification"`` (cross-entropy) or ``"regression"`` (mean squared error).
     """
 
     model_factory: Callable[[], DomainClassifier]
     budget: TrainingBudget
     seed: int
+    task: str = "classification"
 
 
 class Algorithm(ABC):
@@ -58,12 +60,15 @@ class Algorithm(ABC):
         summary: one line with the source paper.
         hyperparameters: the pydantic model of its hyperparameters, defaults cited from the paper.
         pooled: True for Central / DeepAll (one client holding every source domain).
+        dataset_defaults: per dataset name, hyperparameter values the paper uses there; they
+            replace the general defaults and are themselves replaced by the user's values.
     """
 
     name: ClassVar[str]
     summary: ClassVar[str]
     hyperparameters: ClassVar[type[Hyperparameters]]
     pooled: ClassVar[bool] = False
+    dataset_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
 
     @abstractmethod
     def create_strategy(self, hparams: Any, context: AlgorithmContext) -> ServerStrategy:
@@ -101,14 +106,16 @@ def get_algorithm(name: str) -> Algorithm:
     return ALGORITHMS[key]()
 
 
-def resolve_hyperparameters(algorithm: Algorithm, overrides: dict[str, Any]) -> Hyperparameters:
-    """The algorithm's defaults with ``overrides`` applied and validated.
+def resolve_hyperparameters(
+    algorithm: Algorithm, overrides: dict[str, Any], dataset: str | None = None
+) -> Hyperparameters:
+    """The algorithm's defaults, its paper's values for ``dataset``, then ``overrides``, validated.
 
     Raises:
         AlgorithmError: one line naming the unknown key or the bad value and what is accepted.
     """
     try:
-        return algorithm.hyperparameters(**overrides)
+        return algorithm.hyperparameters(**{**algorithm.dataset_defaults.get(dataset or "", {}), **overrides})
     except ValidationError as error:
         first = error.errors()[0]
         key = ".".join(str(part) for part in first["loc"]) or "?"

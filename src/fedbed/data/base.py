@@ -21,7 +21,8 @@ class DomainDataset:
     Attributes:
         name: dataset name as registered (e.g. ``"PACS"``, ``"RotatedMNIST"``).
         images: ``uint8`` tensor ``[N, C, H, W]``, pixel values 0..255.
-        labels: ``int64`` tensor ``[N]``, indices into ``class_names``.
+        labels: ``int64`` tensor ``[N]``, indices into ``class_names`` (classification), or
+            ``float32`` ``[N]`` targets when ``class_names`` is empty (regression).
         domains: ``int64`` tensor ``[N]``, indices into ``domain_names``.
         class_names: one name per class.
         domain_names: one name per domain, in DomainBed's order.
@@ -52,7 +53,12 @@ class DomainDataset:
                 f"{self.name}: expected {n} labels and {n} domain ids, got "
                 f"{tuple(self.labels.shape)} and {tuple(self.domains.shape)}"
             )
-        if n and (int(self.labels.min()) < 0 or int(self.labels.max()) >= len(self.class_names)):
+        if self.task == "regression":
+            if not self.labels.is_floating_point():
+                raise DataError(f"{self.name}: a regression dataset (no class names) needs float labels")
+        elif self.labels.is_floating_point():
+            raise DataError(f"{self.name}: class labels must be integers; give no class names for regression")
+        elif n and (int(self.labels.min()) < 0 or int(self.labels.max()) >= len(self.class_names)):
             raise DataError(f"{self.name}: a label lies outside 0..{len(self.class_names) - 1}")
         if n and (int(self.domains.min()) < 0 or int(self.domains.max()) >= len(self.domain_names)):
             raise DataError(f"{self.name}: a domain id lies outside 0..{len(self.domain_names) - 1}")
@@ -61,8 +67,14 @@ class DomainDataset:
         return int(self.images.shape[0])
 
     @property
+    def task(self) -> str:
+        """``"classification"`` or, for a dataset without class names, ``"regression"``."""
+        return "classification" if self.class_names else "regression"
+
+    @property
     def num_classes(self) -> int:
-        return len(self.class_names)
+        """Number of classes; 1 (one output) for regression."""
+        return len(self.class_names) or 1
 
     @property
     def input_shape(self) -> tuple[int, int, int]:

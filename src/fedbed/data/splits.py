@@ -11,18 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from fedbed.data.base import DataError, DomainDataset
-
-
-def derive_seed(*parts: int) -> int:
-    """A 63-bit seed derived deterministically from integers (seed, round, client, ...)."""
-    value = 0x9E3779B97F4A7C15
-    for part in parts:
-        value = (value ^ (int(part) + 0x632BE59BD9B4E019 + (value << 6) + (value >> 2))) & ((1 << 64) - 1)
-    return value & ((1 << 63) - 1)
-
-
-def _generator(*parts: int) -> torch.Generator:
-    return torch.Generator().manual_seed(derive_seed(*parts))
+from fedbed.seeding import seeded_generator
 
 
 @dataclass(frozen=True)
@@ -64,7 +53,7 @@ def split_leave_one_domain_out(
     train, holdout = {}, {}
     for domain_id in sources:
         indices = dataset.indices_of_domain(domain_id)
-        order = indices[torch.randperm(len(indices), generator=_generator(seed, 7919, domain_id))]
+        order = indices[torch.randperm(len(indices), generator=seeded_generator(seed, 7919, domain_id))]
         n_holdout = round(holdout_fraction * len(indices))
         holdout[domain_id], train[domain_id] = order[:n_holdout].sort().values, order[n_holdout:].sort().values
     target = torch.cat([dataset.indices_of_domain(d) for d in target_ids])
@@ -126,7 +115,7 @@ def partition_domains_per_client(
     a, b = divmod(num_clients * domains_per_client, n_sources)
     largest = sorted(split.source_domains, key=lambda d: (-len(split.train[d]), d))[:b]
     pieces = {
-        d: _split_evenly(split.train[d], a + 1 if d in largest else a, _generator(seed, 104729, d))
+        d: _split_evenly(split.train[d], a + 1 if d in largest else a, seeded_generator(seed, 104729, d))
         for d in split.source_domains
     }
     holdings: list[list[tuple[int, torch.Tensor]]] = [[] for _ in range(num_clients)]
@@ -157,7 +146,7 @@ def partition_lambda_mix(split: DomainSplit, num_clients: int, mix_lambda: float
     held: list[list[torch.Tensor]] = [[] for _ in range(num_clients)]
     domains: list[list[int]] = [[] for _ in range(num_clients)]
     for position, d in enumerate(split.source_domains):
-        indices = split.train[d][torch.randperm(len(split.train[d]), generator=_generator(seed, 1299709, d))]
+        indices = split.train[d][torch.randperm(len(split.train[d]), generator=seeded_generator(seed, 1299709, d))]
         n_shared = round(mix_lambda * len(indices))
         owners = [k for k in range(num_clients) if k % n_sources == position]
         for k, piece in enumerate(torch.tensor_split(indices[:n_shared], num_clients)):
@@ -184,14 +173,13 @@ def sample_clients(num_clients: int, participation_fraction: float, seed: int, r
     count = max(1, round(participation_fraction * num_clients))
     if count >= num_clients:
         return list(range(num_clients))
-    chosen = torch.randperm(num_clients, generator=_generator(seed, 15485863, round_number))[:count]
+    chosen = torch.randperm(num_clients, generator=seeded_generator(seed, 15485863, round_number))[:count]
     return sorted(int(c) for c in chosen)
 
 
 __all__ = [
     "ClientPartition",
     "DomainSplit",
-    "derive_seed",
     "partition_domains_per_client",
     "partition_lambda_mix",
     "partition_one_client_per_domain",

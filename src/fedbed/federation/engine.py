@@ -1,8 +1,9 @@
 """The in-process federated simulation: rounds, checkpoints, the per-round log, evaluation.
 
 One round: sample clients -> ``configure_round`` -> each selected client's ``fit`` (one after
-another, in this process) -> reply checks -> ``aggregate`` -> evaluation every ``eval_every``
-rounds -> one JSONL line -> checkpoint. Every random draw of round ``r`` on client ``k`` is seeded
+another, in this process) -> reply checks -> alignment telemetry of the client updates (for
+every method: pairwise cosines, conflicting pairs, norms) -> ``aggregate`` -> evaluation every
+``eval_every`` rounds -> one JSONL line -> checkpoint. Every random draw of round ``r`` on client ``k`` is seeded
 from ``(seed, r, k)``, so a run resumed from its checkpoint equals an uninterrupted one.
 """
 
@@ -19,11 +20,13 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from fedbed.data.splits import derive_seed, sample_clients
+from fedbed.data.splits import sample_clients
+from fedbed.seeding import derive_seed
 from fedbed.federation.evaluation import evaluate_models
 from fedbed.federation.local_data import ClientData
-from fedbed.federation.messages import ClientInfo, Reply
+from fedbed.federation.messages import ClientInfo, Payload, Reply
 from fedbed.federation.strategy import ClientTrainer, ServerStrategy
+from fedbed.gradients import alignment_telemetry, flatten
 
 LOG_NAME = "rounds.jsonl"
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -45,6 +48,7 @@ class Federation:
         target: target domain id -> ood samples (evaluation only).
         domain_names: names of all domains of the dataset.
         client_states: persistent per-client dicts (see :meth:`ClientTrainer.fit`).
+        task: ``"classification"`` or ``"regression"`` (decides the evaluation metric).
     """
 
     strategy: ServerStrategy
@@ -54,6 +58,7 @@ class Federation:
     target: dict[int, ClientData]
     domain_names: tuple[str, ...]
     client_states: list[dict[str, Any]] = field(default_factory=list)
+    task: str = "classification"
 
     def __post_init__(self) -> None:
         if not self.client_states:
@@ -74,6 +79,25 @@ def check_reply(reply: Reply, expected: dict[str, torch.Tensor]) -> str | None:
     if reply.num_examples < 0:
         return f"num_examples is negative ({reply.num_examples})"
     return None
+
+
+def client_updates(payloads: dict[int, Payload], replies: dict[int, Reply]) -> tuple[list[int], torch.Tensor] | None:
+    """Each replying client's update ``reply − payload`` over the floating-point arrays both hold.
+
+    Returns:
+        ``(client ids, updates [K, P])``, or ``None`` when the replies share no such array with
+        what was sent (then no alignment telemetry is logged).
+    """
+    order = sorted(replies)
+    first_sent, first_back = payloads[order[0]].arrays, replies[order[0]].arrays
+    keys = [
+        k for k, v in first_back.items()
+        if v.is_floating_point() and k in first_sent and first_sent[k].shape == v.shape
+    ]
+    if not keys:
+        return None
+    updates = torch.stack([flatten(replies[c].arrays, keys) - flatten(payloads[c].arrays, keys) for c in order])
+    return order, updates
 
 
 def _json_default(value: Any) -> Any:
@@ -172,11 +196,14 @@ def run_rounds(
                 dropped[str(client)] = reason
         if not replies:
             raise EngineError(f"round {round_number}: every selected client failed: {dropped}")
+        updates = client_updates(payloads, replies)
+        alignment = alignment_telemetry(updates[1], updates[0]) if updates is not None else None
         summary = federation.strategy.aggregate(round_number, replies)
         evaluation = None
         if eval_every and (round_number % eval_every == 0 or round_number == rounds):
             evaluation = {"round": round_number, **evaluate_models(
-                federation.strategy.evaluation_models(), federation.holdout, federation.target, federation.domain_names
+                federation.strategy.evaluation_models(), federation.holdout, federation.target,
+                federation.domain_names, federation.task,
             )}
             evaluations.append(evaluation)
         record = {
@@ -184,6 +211,7 @@ def run_rounds(
             "selected": selected,
             "dropped": dropped,
             "metrics": summary.metrics,
+            "alignment": alignment,
             "telemetry": summary.telemetry,
             "evaluation": evaluation,
             "seconds": time.perf_counter() - began,

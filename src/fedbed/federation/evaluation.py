@@ -33,13 +33,35 @@ def accuracy(model: nn.Module, data: ClientData, batch_size: int = 1024) -> floa
     return correct / len(data)
 
 
+@torch.no_grad()
+def pearson_r(model: nn.Module, data: ClientData, batch_size: int = 1024) -> float:
+    """Pearson correlation between the model's outputs ``[n, 1]`` and the targets ``[n]``
+    (PPDG's regression metric on Poverty, Sec. 4.2); ``nan`` if fewer than two samples or a
+    constant prediction or target."""
+    if len(data) < 2:
+        return float("nan")
+    was_training = model.training
+    model.eval()
+    outputs = torch.cat([model(data.inputs[s : s + batch_size]).squeeze(1) for s in range(0, len(data), batch_size)])
+    model.train(was_training)
+    stacked = torch.stack([outputs.to(torch.float64), data.targets.to(torch.float64)])
+    if bool((stacked.std(dim=1) == 0).any()):
+        return float("nan")
+    return float(torch.corrcoef(stacked)[0, 1])
+
+
+METRICS = {"classification": ("accuracy", lambda m, d: 100.0 * accuracy(m, d)), "regression": ("pearson_r", pearson_r)}
+"""Per task: the metric's name and a function ``(model, data) -> value`` (accuracy in percent)."""
+
+
 def evaluate_models(
     models: list[tuple[nn.Module, tuple[int, ...] | None]],
     holdout: dict[int, ClientData],
     target: dict[int, ClientData],
     domain_names: tuple[str, ...],
+    task: str = "classification",
 ) -> dict[str, Any]:
-    """id accuracy on each source domain's holdout and ood accuracy on each target domain.
+    """id and ood scores: accuracy (percent) or, for regression, Pearson r, per domain.
 
     Args:
         models: ``(model, domains)`` pairs; a model counts towards the id accuracy of the source
@@ -48,19 +70,21 @@ def evaluate_models(
         holdout: source domain id -> its id-validation samples.
         target: target domain id -> its samples.
         domain_names: names for the keys of the result.
+        task: ``"classification"`` or ``"regression"`` (see :data:`METRICS`).
 
     Returns:
-        ``{"id": {domain: acc}, "id_mean": float, "ood": {domain: acc}, "ood_mean": float}``,
-        accuracies in percent; the means are unweighted over domains.
+        ``{"metric": name, "id": {domain: score}, "id_mean": float, "ood": {domain: score},
+        "ood_mean": float}``; the means are unweighted over domains.
     """
-    result: dict[str, Any] = {"id": {}, "ood": {}}
+    metric_name, score = METRICS[task]
+    result: dict[str, Any] = {"metric": metric_name, "id": {}, "ood": {}}
     for domain_id, data in holdout.items():
-        scores = [accuracy(m, data) for m, ds in models if ds is None or domain_id in ds]
+        scores = [score(m, data) for m, ds in models if ds is None or domain_id in ds]
         if scores:
-            result["id"][domain_names[domain_id]] = 100.0 * sum(scores) / len(scores)
+            result["id"][domain_names[domain_id]] = sum(scores) / len(scores)
     for domain_id, data in target.items():
-        scores = [accuracy(m, data) for m, _ in models]
-        result["ood"][domain_names[domain_id]] = 100.0 * sum(scores) / len(scores)
+        scores = [score(m, data) for m, _ in models]
+        result["ood"][domain_names[domain_id]] = sum(scores) / len(scores)
     for kind in ("id", "ood"):
         values = list(result[kind].values())
         result[f"{kind}_mean"] = sum(values) / len(values) if values else float("nan")

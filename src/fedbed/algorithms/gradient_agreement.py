@@ -1,0 +1,143 @@
+"""Gradient-agreement baselines of PPDG's Tables 4-5 and hFedF's Table 10, as server aggregators.
+
+Each combines the clients' updates Δθ_k = θ_k − θ_global (see :mod:`update_aggregation`):
+
+- AgrSum / AgrRand (Mansilla et al., "Domain generalization via gradient surgery", ICCV 2021):
+  coordinates where every client's update has the same strict sign keep their combined value;
+  conflicting coordinates are zeroed (AgrSum) or filled with ``s·ε``, ``ε ~ N(0, 1)``, where ``s``
+  is the mean absolute combined value over the agreeing coordinates (AgrRand).
+- PCGrad (Yu et al., NeurIPS 2020, Algorithm 1): each update is projected onto the normal plane
+  of every other update it conflicts with.
+- FedGMA (Tenison et al., "Gradient masked averaging for federated learning", 2022): the
+  weighted mean update is multiplied by the soft mask ``M_j = 1[A_j >= τ] + 1[A_j < τ]·A_j`` with
+  ``A_j = |(1/K) Σ_k sign(Δ_kj)|`` and applied with a server step size η: ``θ ← θ + η M ⊙ Δ̄``.
+
+The centralized originals sum per-domain gradients of one step; with multi-step client
+updates, FedBed combines them with the n_k/n-weighted mean instead, so that every aggregator
+moves the model on FedAvg's scale and the comparison isolates the combination rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedTrainer
+from fedbed.algorithms.registry import Algorithm, AlgorithmContext, register_algorithm
+from fedbed.algorithms.update_aggregation import UpdateAggregationStrategy
+from fedbed.gradients import gradient_masked_average_mask, pcgrad_project, unanimous_sign_mask, visiting_orders
+
+
+def _mask_summary(mask: torch.Tensor) -> dict[str, float]:
+    """Telemetry of a mask ``[P]``: its mean and the share of coordinates it shrinks."""
+    return {"mask_mean": float(mask.mean()), "masked_fraction": float((mask < 1).to(torch.float64).mean())}
+
+
+class AgreementStrategy(UpdateAggregationStrategy):
+    """AgrSum (``random_fill=False``) or AgrRand (``random_fill=True``)."""
+
+    def __init__(self, seed: int, random_fill: bool) -> None:
+        super().__init__(seed)
+        self.random_fill = random_fill
+
+    def aggregate_updates(
+        self, updates: torch.Tensor, weights: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        combined = weights @ updates
+        mask = unanimous_sign_mask(updates)
+        result = mask * combined
+        if self.random_fill:
+            agreeing = mask.bool()
+            scale = float(combined[agreeing].abs().mean()) if bool(agreeing.any()) else 0.0
+            noise = torch.randn(combined.shape, generator=generator, dtype=torch.float64)
+            result = torch.where(agreeing, result, scale * noise)
+        return result, {"weights": weights.tolist(), **_mask_summary(mask)}
+
+
+class AgrSum(Algorithm):
+    """AgrSum (Mansilla et al., ICCV 2021, Sec. 3): conflicting-sign coordinates are zeroed."""
+
+    name = "agrsum"
+    summary = "AgrSum (Mansilla et al. 2021): keep coordinates whose sign all clients agree on, zero the rest."
+    hyperparameters = LocalTrainingHyperparameters
+    random_fill = False
+
+    def create_strategy(self, hparams, context: AlgorithmContext) -> AgreementStrategy:
+        return AgreementStrategy(context.seed, self.random_fill)
+
+    def create_trainer(self, hparams, context: AlgorithmContext) -> SupervisedTrainer:
+        return SupervisedTrainer(hparams, context)
+
+
+register_algorithm(AgrSum)
+
+
+@register_algorithm
+class AgrRand(AgrSum):
+    """AgrRand (Mansilla et al., ICCV 2021, Sec. 3): conflicting coordinates get scaled Gaussian noise."""
+
+    name = "agrrand"
+    summary = "AgrRand (Mansilla et al. 2021): agreeing coordinates kept, conflicting ones filled with s*N(0,1)."
+    random_fill = True
+
+
+class PCGradStrategy(UpdateAggregationStrategy):
+    """Project conflicting updates (:func:`fedbed.gradients.pcgrad_project`), then take the weighted mean."""
+
+    def aggregate_updates(
+        self, updates: torch.Tensor, weights: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        projected = pcgrad_project(updates, visiting_orders(len(updates), generator))
+        changed = [bool(not torch.equal(p, u)) for p, u in zip(projected, updates.to(torch.float64))]
+        return weights @ projected, {"weights": weights.tolist(), "projected_clients": changed}
+
+
+@register_algorithm
+class PCGrad(AgrSum):
+    """PCGrad (Yu et al., NeurIPS 2020) as a server aggregator (PPDG Sec. 4, baseline)."""
+
+    name = "pcgrad"
+    summary = "PCGrad (Yu et al. 2020): project each conflicting update onto the other's normal plane, then average."
+
+    def create_strategy(self, hparams, context: AlgorithmContext) -> PCGradStrategy:
+        return PCGradStrategy(context.seed)
+
+
+class FedGMAHyperparameters(LocalTrainingHyperparameters):
+    """FedGMA's mask threshold τ and server step size η.
+
+    Defaults are hFedF's selected values on PACS (``hfedf.txt``, Table 10): τ = 0.7, η = 1.0
+    (Office-Home: 0.3, 0.01; VLCS: 0.5, 0.01).
+    """
+
+    mask_threshold: float = Field(0.7, ge=0, le=1)
+    server_learning_rate: float = Field(1.0, gt=0)
+
+
+class FedGMAStrategy(UpdateAggregationStrategy):
+    """``θ ← θ + η · M ⊙ Σ_k (n_k/n) Δθ_k`` with FedGMA's soft sign-agreement mask ``M``."""
+
+    def __init__(self, hparams: FedGMAHyperparameters, seed: int) -> None:
+        super().__init__(seed)
+        self.mask_threshold = hparams.mask_threshold
+        self.server_learning_rate = hparams.server_learning_rate
+
+    def aggregate_updates(
+        self, updates: torch.Tensor, weights: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        mask = gradient_masked_average_mask(updates, self.mask_threshold)
+        return mask * (weights @ updates), {"weights": weights.tolist(), **_mask_summary(mask)}
+
+
+@register_algorithm
+class FedGMA(AgrSum):
+    """FedGMA (Tenison et al. 2022): gradient-masked averaging with a server step size."""
+
+    name = "fedgma"
+    summary = "FedGMA (Tenison et al. 2022): soft sign-agreement mask on the mean update, server step size."
+    hyperparameters = FedGMAHyperparameters
+
+    def create_strategy(self, hparams: FedGMAHyperparameters, context: AlgorithmContext) -> FedGMAStrategy:
+        return FedGMAStrategy(hparams, context.seed)

@@ -1,0 +1,142 @@
+"""The shared gradient math and every update aggregator on hand-computed cases."""
+
+import pytest
+import torch
+
+from fedbed.algorithms import ALGORITHMS, get_algorithm, resolve_hyperparameters
+from fedbed.algorithms.gradient_agreement import AgreementStrategy, FedGMAHyperparameters, FedGMAStrategy, PCGradStrategy
+from fedbed.algorithms.ppdg import PPDGHyperparameters, PPDGStrategy
+from fedbed.algorithms.update_aggregation import UpdateAggregationStrategy
+from fedbed.gradients import (
+    alignment_telemetry,
+    conflicting_pairs,
+    cosine_matrix,
+    gradient_masked_average_mask,
+    pcgrad_project,
+    ppdg_align,
+    sign_agreement,
+    unanimous_sign_mask,
+)
+
+T = lambda *rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
+
+
+def test_ppdg_conflicting_pair_by_hand():
+    # <(1,0), (-1,1)> = -1 < 0: ĝ_0 = (1,0) - 2·0.25·((1,0) - (-1,1)) = (0, 0.5);
+    # then <ĝ_1, ĝ_0> = <(-1,1), (0,0.5)> = 0.5 >= 0, so ĝ_1 stays.
+    aligned = ppdg_align(T([1, 0], [-1, 1]), 0.25, [[1], [0]])
+    assert torch.allclose(aligned, T([0, 0.5], [-1, 1]))
+
+
+def test_ppdg_leaves_agreeing_updates_alone_unless_asked():
+    updates = T([1, 0], [1, 1])
+    assert torch.equal(ppdg_align(updates, 0.25, [[1], [0]]), updates)
+    # "w/o gradient conflict" (Table 6): ĝ_0 = (1,0) - 0.5((1,0)-(1,1)) = (1, 0.5); ĝ_1 = (1,1) - 0.5((1,1)-(1,0.5)) = (1, 0.75)
+    assert torch.allclose(ppdg_align(updates, 0.25, [[1], [0]], always_align=True), T([1, 0.5], [1, 0.75]))
+
+
+def test_ppdg_visiting_order_changes_the_result():
+    updates = T([1, 0], [-1, 1], [-1, -1])
+    # j = 1 then 2: (1,0) -> (0,0.5) -> (0,0.5) - 0.5((0,0.5) - (-1,-1)) = (-0.5,-0.25)
+    first = ppdg_align(updates, 0.25, [[1, 2], [], []])
+    # j = 2 then 1: (1,0) -> (0,-0.5) -> (0,-0.5) - 0.5((0,-0.5) - (-1,1)) = (-0.5, 0.25)
+    second = ppdg_align(updates, 0.25, [[2, 1], [], []])
+    assert torch.allclose(first[0], T([-0.5, -0.25])[0]) and torch.allclose(second[0], T([-0.5, 0.25])[0])
+
+
+def test_pcgrad_projection_by_hand():
+    # g_0 · g_1 = -1: g_0 - (-1/2) g_1 = (0.5, 0.5); g_1 - (-1/1) g_0 = (0, 1).
+    projected = pcgrad_project(T([1, 0], [-1, 1]), [[1], [0]])
+    assert torch.allclose(projected, T([0.5, 0.5], [0, 1]))
+    assert float(projected[0] @ T([-1, 1])[0]) == pytest.approx(0.0)  # on the normal plane of the original g_1
+
+
+def test_sign_masks_by_hand():
+    updates = T([1, -2, 3, 0], [2, 1, 1, 1])
+    assert unanimous_sign_mask(updates).tolist() == [1, 0, 1, 0]  # a zero breaks agreement
+    three = T([1, 1, 1, 1], [1, 1, -1, 1], [1, -1, 0, 0])
+    # A = |mean sign| = [1, 1/3, 0, 2/3]; with τ = 0.5: M = [1, 1/3, 0, 1] (soft below τ, 1 above)
+    assert torch.allclose(sign_agreement(three), T([1, 1 / 3, 0, 2 / 3])[0])
+    assert torch.allclose(gradient_masked_average_mask(three, 0.5), T([1, 1 / 3, 0, 1])[0])
+    assert torch.equal(gradient_masked_average_mask(three, 0.0), torch.ones(4, dtype=torch.float64))
+
+
+def test_agrsum_and_agrrand_by_hand():
+    updates, weights = T([1, -2, 3, 0], [2, 1, 1, 1]), T(0.5, 0.5)
+    agrsum, telemetry = AgreementStrategy(0, random_fill=False).aggregate_updates(updates, weights, torch.Generator())
+    assert agrsum.tolist() == [1.5, 0, 2, 0] and telemetry["masked_fraction"] == 0.5
+    generator = torch.Generator().manual_seed(3)
+    agrrand, _ = AgreementStrategy(0, random_fill=True).aggregate_updates(updates, weights, generator)
+    noise = torch.randn(4, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    scale = (1.5 + 2.0) / 2  # mean |combined| over the agreeing coordinates
+    assert torch.allclose(agrrand, T([1.5, scale * noise[1], 2, scale * noise[3]])[0])
+
+
+def test_fedgma_strategy_applies_mask_and_server_step():
+    strategy = FedGMAStrategy(FedGMAHyperparameters(mask_threshold=0.5, server_learning_rate=0.1), seed=0)
+    updates = T([1, 1, 1, 1], [1, 1, -1, 1], [1, -1, 0, 0])
+    weights = torch.full((3,), 1 / 3, dtype=torch.float64)
+    aggregated, telemetry = strategy.aggregate_updates(updates, weights, torch.Generator())
+    mean = updates.mean(dim=0)
+    assert torch.allclose(aggregated, T([1, 1 / 3, 0, 1])[0] * mean)
+    assert strategy.server_learning_rate == 0.1 and telemetry["mask_mean"] == pytest.approx((1 + 1 / 3 + 0 + 1) / 4)
+
+
+def test_cosines_and_conflicts():
+    updates = T([1, 0], [-1, 0], [0, 0], [0, 2])
+    cos = cosine_matrix(updates)
+    assert cos[0, 1] == -1 and cos[0, 3] == 0 and cos[2].tolist() == [0, 0, 0, 0] and cos[3, 3] == 1
+    assert conflicting_pairs(updates) == 1
+    telemetry = alignment_telemetry(updates, [4, 5, 6, 7])
+    assert telemetry["clients"] == [4, 5, 6, 7] and telemetry["update_norms"] == [1, 1, 0, 2]
+
+
+def aggregators():
+    return {
+        "ppdg": PPDGStrategy(PPDGHyperparameters(alignment_lambda=0.2), seed=0),
+        "ppdg_always": PPDGStrategy(PPDGHyperparameters(alignment_lambda=0.2, always_align=True), seed=0),
+        "agrsum": AgreementStrategy(0, random_fill=False),
+        "agrrand": AgreementStrategy(0, random_fill=True),
+        "pcgrad": PCGradStrategy(0),
+        "fedgma": FedGMAStrategy(FedGMAHyperparameters(), seed=0),
+    }
+
+
+@pytest.mark.parametrize("name", list(aggregators()))
+def test_every_aggregator_on_zero_and_single_client_inputs(name):
+    strategy = aggregators()[name]
+    zeros, _ = strategy.aggregate_updates(torch.zeros(3, 5, dtype=torch.float64), torch.full((3,), 1 / 3, dtype=torch.float64), torch.Generator())
+    assert torch.equal(zeros, torch.zeros(5, dtype=torch.float64))
+    single = T([0.5, -1.0, 2.0, 0.0, 3.0])
+    alone, _ = strategy.aggregate_updates(single, T(1.0), torch.Generator())
+    assert torch.isfinite(alone).all()
+    nonzero = single[0] != 0  # AgrRand fills a zero coordinate (no strict sign: not "agreeing") with noise
+    assert torch.allclose(alone[nonzero], single[0][nonzero])
+    if name != "agrrand":
+        assert torch.allclose(alone, single[0])
+
+
+def test_every_update_aggregator_is_covered():
+    registered = {name for name, cls in ALGORITHMS.items()
+                  if issubclass(type(cls().create_strategy(cls.hyperparameters(), _Context())), UpdateAggregationStrategy)}
+    assert registered == {"ppdg", "agrsum", "agrrand", "pcgrad", "fedgma"}
+
+
+class _Context:
+    seed = 0
+
+
+def test_ppdg_defaults_follow_the_paper_per_dataset():
+    ppdg = get_algorithm("ppdg")
+    assert resolve_hyperparameters(ppdg, {}, "RotatedMNIST").alignment_lambda == 0.001
+    assert resolve_hyperparameters(ppdg, {}, "TerraIncognita").alignment_lambda == 0.2
+    assert resolve_hyperparameters(ppdg, {"alignment_lambda": 0.05}, "RotatedMNIST").alignment_lambda == 0.05
+    with pytest.warns(UserWarning, match="Theorem 1"):
+        resolve_hyperparameters(ppdg, {"alignment_lambda": 0.5})
+
+
+def test_ppdg_with_zero_lambda_and_size_weights_is_fedavg():
+    updates, weights = T([1, 2], [-3, 1], [0.5, -1]), T(0.2, 0.3, 0.5)
+    strategy = PPDGStrategy(PPDGHyperparameters(alignment_lambda=0.0, weighting="num_examples"), seed=0)
+    aggregated, _ = strategy.aggregate_updates(updates, weights, torch.Generator())
+    assert torch.allclose(aggregated, weights @ updates)
