@@ -56,3 +56,17 @@ def test_run_prints_the_table_and_resumes(tmp_path):
     result = runner.invoke(app, [*base[:2], "3", *base[3:], "--resume"])
     assert result.exit_code == 0, result.output
     assert len((run_dir / "rounds.jsonl").read_text().splitlines()) == 3
+
+
+def test_plot_alignment_writes_pngs(tmp_path):
+    run_dir = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--algorithm", "ppdg", "--rounds", "2", "--local-steps", "1",
+                                 "--run-dir", str(run_dir), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["plot", "alignment", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    pngs = sorted(p.relative_to(run_dir / "plots").as_posix() for p in (run_dir / "plots").rglob("*.png"))
+    assert pngs == ["alignment_cosine_overview.png", "alignment_over_rounds.png", "cosine/round_0001.png", "cosine/round_0002.png"]
+    assert all((run_dir / "plots" / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
+    result = runner.invoke(app, ["plot", "alignment", str(tmp_path / "nothing")])
+    assert result.exit_code == 2 and "does not exist" in result.output

@@ -11,6 +11,8 @@ import yaml
 app = typer.Typer(add_completion=False, no_args_is_help=False, help="FedBed: federated domain generalization.")
 data_app = typer.Typer(add_completion=False, help="Prepare datasets.")
 app.add_typer(data_app, name="data")
+plot_app = typer.Typer(add_completion=False, help="Plot a run's telemetry.")
+app.add_typer(plot_app, name="plot")
 
 USAGE_ERROR = 2
 
@@ -153,6 +155,20 @@ def prepare(
     except DataError as error:
         fail(str(error))
     typer.echo(f"wrote {path}")
+
+
+@plot_app.command("alignment")
+def plot_alignment_command(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (holding rounds.jsonl).")],
+) -> None:
+    """Plot how client updates agree: cosine heatmaps per round, conflicts, norms and weights over rounds."""
+    from fedbed.plots import PlotError, plot_alignment
+
+    try:
+        written = plot_alignment(run_dir)
+    except PlotError as error:
+        fail(str(error))
+    typer.echo(f"wrote {len(written)} plots to {run_dir / 'plots'}")
 
 
 def main() -> None:
