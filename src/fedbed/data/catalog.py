@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from fedbed.data.base import DataError, DomainDataset
@@ -124,7 +125,8 @@ def locate(spec: DatasetSpec, data_root: Path | None, image_size: int | None = N
 
 
 def load_dataset(name: str, data_root: Path | None, image_size: int | None = None) -> DomainDataset:
-    """Load a dataset by name.
+    """Load a dataset by name; the last one loaded is kept in memory, so a sequence of runs on
+    the same data (a grid over algorithms, targets and seeds) reads and builds it once.
 
     RotatedMNIST: see :func:`fedbed.data.mnist.rotated_mnist`. Image datasets: the prepared copy
     ``<root>/<name>/<name>_<size>.npz`` if present, else the DomainBed folder tree decoded in memory.
@@ -138,6 +140,12 @@ def load_dataset(name: str, data_root: Path | None, image_size: int | None = Non
         DataError: unknown name, nothing found under the data root, or unreadable files.
     """
     spec = dataset_spec(name)
+    return _load_dataset(spec.name, data_root, image_size)
+
+
+@lru_cache(maxsize=1)
+def _load_dataset(name: str, data_root: Path | None, image_size: int | None) -> DomainDataset:
+    spec = DATASETS[name]
     if spec.name == "RotatedMNIST":
         if image_size not in (None, 28):
             raise DataError(f"RotatedMNIST images are 28x28; got image size {image_size}")
