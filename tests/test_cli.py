@@ -1,6 +1,5 @@
 """The command line: bad input gives one line, exit code 2, no traceback, nothing written."""
 
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner

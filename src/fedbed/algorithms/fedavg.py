@@ -7,8 +7,8 @@ from typing import Any
 
 from torch import nn
 
-from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedTrainer
-from fedbed.algorithms.registry import Algorithm, AlgorithmContext, register_algorithm
+from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm
+from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
 from fedbed.federation.strategy import ServerStrategy
 from fedbed.gradients import clone_arrays, weighted_average
@@ -58,7 +58,7 @@ class FedAvgStrategy(ServerStrategy):
 
 
 @register_algorithm
-class FedAvg(Algorithm):
+class FedAvg(SupervisedAlgorithm):
     """Federated averaging (McMahan et al., AISTATS 2017), aggregation weights n_k/n."""
 
     name = "fedavg"
@@ -67,9 +67,6 @@ class FedAvg(Algorithm):
 
     def create_strategy(self, hparams: LocalTrainingHyperparameters, context: AlgorithmContext) -> ServerStrategy:
         return FedAvgStrategy(context.seed)
-
-    def create_trainer(self, hparams: LocalTrainingHyperparameters, context: AlgorithmContext) -> SupervisedTrainer:
-        return SupervisedTrainer(hparams, context)
 
 
 @register_algorithm

@@ -8,9 +8,9 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedbed.algorithms.fedavg import FedAvgStrategy
+from fedbed.algorithms.fedavg import FedAvg
 from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedTrainer
-from fedbed.algorithms.registry import Algorithm, AlgorithmContext, register_algorithm
+from fedbed.algorithms.registry import register_algorithm
 from fedbed.federation.messages import Payload
 
 
@@ -51,15 +51,10 @@ class FedProxTrainer(SupervisedTrainer):
 
 
 @register_algorithm
-class FedProx(Algorithm):
+class FedProx(FedAvg):
     """FedProx (Li et al., MLSys 2020): FedAvg with a proximal term in each client's loss."""
 
     name = "fedprox"
     summary = "FedProx (Li et al. 2020): local loss + mu/2 ||theta - theta_global||^2, FedAvg aggregation."
     hyperparameters = FedProxHyperparameters
-
-    def create_strategy(self, hparams: FedProxHyperparameters, context: AlgorithmContext) -> FedAvgStrategy:
-        return FedAvgStrategy(context.seed)
-
-    def create_trainer(self, hparams: FedProxHyperparameters, context: AlgorithmContext) -> FedProxTrainer:
-        return FedProxTrainer(hparams, context)
+    trainer_class = FedProxTrainer

@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedTrainer
-from fedbed.algorithms.registry import Algorithm, AlgorithmContext, register_algorithm
+from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm
+from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
 from fedbed.algorithms.update_aggregation import UpdateAggregationStrategy
 from fedbed.gradients import gradient_masked_average_mask, pcgrad_project, unanimous_sign_mask, visiting_orders
 
@@ -56,7 +56,7 @@ class AgreementStrategy(UpdateAggregationStrategy):
         return result, {"weights": weights.tolist(), **_mask_summary(mask)}
 
 
-class AgrSum(Algorithm):
+class AgrSum(SupervisedAlgorithm):
     """AgrSum (Mansilla et al., ICCV 2021, Sec. 3): conflicting-sign coordinates are zeroed."""
 
     name = "agrsum"
@@ -66,9 +66,6 @@ class AgrSum(Algorithm):
 
     def create_strategy(self, hparams, context: AlgorithmContext) -> AgreementStrategy:
         return AgreementStrategy(context.seed, self.random_fill)
-
-    def create_trainer(self, hparams, context: AlgorithmContext) -> SupervisedTrainer:
-        return SupervisedTrainer(hparams, context)
 
 
 register_algorithm(AgrSum)

@@ -7,8 +7,8 @@ from typing import Any
 
 from torch import nn
 
-from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedTrainer
-from fedbed.algorithms.registry import Algorithm, AlgorithmContext, register_algorithm
+from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm
+from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
 from fedbed.federation.strategy import ServerStrategy
 from fedbed.gradients import clone_arrays
@@ -52,7 +52,7 @@ class LocalOnlyStrategy(ServerStrategy):
 
 
 @register_algorithm
-class LocalOnly(Algorithm):
+class LocalOnly(SupervisedAlgorithm):
     """Local-only training (hFedF Sec. 5.1): the no-communication lower reference."""
 
     name = "local"
@@ -61,6 +61,3 @@ class LocalOnly(Algorithm):
 
     def create_strategy(self, hparams: LocalTrainingHyperparameters, context: AlgorithmContext) -> ServerStrategy:
         return LocalOnlyStrategy()
-
-    def create_trainer(self, hparams: LocalTrainingHyperparameters, context: AlgorithmContext) -> SupervisedTrainer:
-        return SupervisedTrainer(hparams, context)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
 from torch import nn
 
-from fedbed.algorithms.registry import AlgorithmContext, Hyperparameters, TrainingBudget
+from fedbed.algorithms.registry import Algorithm, AlgorithmContext, Hyperparameters, TrainingBudget
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.strategy import ClientTrainer
@@ -116,3 +116,13 @@ class SupervisedTrainer(ClientTrainer):
             self.model, data, self.hparams, self.budget, generator, self.extra_loss(payload), self.task
         )
         return Reply(arrays=clone_arrays(self.model.state_dict()), num_examples=len(data), metrics={"loss": loss})
+
+
+class SupervisedAlgorithm(Algorithm):
+    """A method whose clients train with :class:`SupervisedTrainer` (or ``trainer_class``); a
+    subclass provides the server half."""
+
+    trainer_class: ClassVar[type[SupervisedTrainer]] = SupervisedTrainer
+
+    def create_trainer(self, hparams: LocalTrainingHyperparameters, context: AlgorithmContext) -> SupervisedTrainer:
+        return self.trainer_class(hparams, context)

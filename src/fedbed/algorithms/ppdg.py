@@ -8,8 +8,8 @@ from typing import Any, ClassVar
 import torch
 from pydantic import Field, model_validator
 
-from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedTrainer
-from fedbed.algorithms.registry import Algorithm, AlgorithmContext, register_algorithm
+from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm
+from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
 from fedbed.algorithms.update_aggregation import UpdateAggregationStrategy
 from fedbed.gradients import ppdg_align, visiting_orders
 
@@ -71,7 +71,7 @@ class PPDGStrategy(UpdateAggregationStrategy):
 
 
 @register_algorithm
-class PPDG(Algorithm):
+class PPDG(SupervisedAlgorithm):
     """PPDG (``ppdg-gradient-alignment.txt``, Sec. 3.2, Algorithm 1, Eq. 5; Sec. 3.4).
 
     Clients train as in FedAvg and send ``ω_T − ω_0``; the server aligns every conflicting pair
@@ -87,6 +87,3 @@ class PPDG(Algorithm):
 
     def create_strategy(self, hparams: PPDGHyperparameters, context: AlgorithmContext) -> PPDGStrategy:
         return PPDGStrategy(hparams, context.seed)
-
-    def create_trainer(self, hparams: PPDGHyperparameters, context: AlgorithmContext) -> SupervisedTrainer:
-        return SupervisedTrainer(hparams, context)
