@@ -157,6 +157,99 @@ def prepare(
     typer.echo(f"wrote {path}")
 
 
+@app.command()
+def sweep(
+    sweep_file: Annotated[Path, typer.Argument(help="YAML sweep file (see docs/sweeps/).")],
+    out: Annotated[Optional[Path], typer.Option(help="Sweep folder (default: runs/sweeps/<name>).")] = None,
+    workers: Annotated[int, typer.Option(help="Parallel jobs; torch threads per job = cores // workers.")] = 1,
+    data_root: Annotated[Optional[Path], typer.Option(help="Dataset folder (default: $FEDBED_DATA).")] = None,
+    progress: Annotated[bool, typer.Option(help="Show the overall progress bar.")] = True,
+) -> None:
+    """Run a grid of algorithms x targets x seeds x hyperparameters; finished jobs are skipped."""
+    from fedbed.experiment import ConfigError
+    from fedbed.sweep import expand, load_sweep, run_sweep
+
+    try:
+        spec = load_sweep(sweep_file)
+        if data_root is not None:
+            spec = spec.model_copy(update={"base": {**spec.base, "data_root": str(data_root)}})
+        folder = out or Path("runs") / "sweeps" / spec.name
+        expand(spec, folder)
+        if workers < 1:
+            fail(f"--workers must be at least 1, got {workers}")
+    except ConfigError as error:
+        fail(str(error))
+    outcome = run_sweep(spec, folder, workers=workers, progress=progress)
+    typer.echo(f"{spec.name}: {outcome['total']} jobs, {outcome['skipped']} already done, {outcome['ran']} run, "
+               f"{len(outcome['failed'])} failed; folder {folder}")
+    for run_dir, error in outcome["failed"].items():
+        typer.echo(f"failed: {run_dir}: {error.splitlines()[0]}", err=True)
+    if outcome["failed"]:
+        raise typer.Exit(1)
+
+
+@app.command()
+def results(
+    sweep_dir: Annotated[Path, typer.Argument(help="A sweep folder (or any folder of runs).")],
+    where: Annotated[Optional[list[str]], typer.Option(help="Filter column=value (repeatable).")] = None,
+) -> None:
+    """Index the runs below a folder into results.sqlite and list them as a table."""
+    from fedbed.results import ResultsError, query_runs
+
+    filters = {}
+    for pair in where or []:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            fail(f"--where expects column=value, got {pair!r}")
+        filters[key] = value
+    try:
+        rows = query_runs(sweep_dir, filters)
+    except ResultsError as error:
+        fail(str(error))
+    columns = ["label", "target", "seed", "done", "train_domain_val_round", "train_domain_val_id", "train_domain_val_ood", "run"]
+    table = [columns] + [[f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c]) for c in columns] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
+    for row in table:
+        typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
+    typer.echo(f"{len(rows)} run(s); store: {sweep_dir / 'results.sqlite'}")
+
+
+@app.command()
+def report(
+    sweep_dir: Annotated[Path, typer.Argument(help="A sweep folder.")],
+    selection: Annotated[str, typer.Option(help="Model selection: last, train_domain_val or oracle.")] = "train_domain_val",
+    spread: Annotated[str, typer.Option(help="'std' (over seeds) or 'se' (standard error).")] = "std",
+    baseline: Annotated[Optional[str], typer.Option(help="Label to t-test every other label against.")] = None,
+    format: Annotated[str, typer.Option(help="markdown, latex or csv.")] = "markdown",
+    output: Annotated[Optional[Path], typer.Option(help="Also write the tables to this file.")] = None,
+    html: Annotated[Optional[Path], typer.Option(help="Write a self-contained HTML report (tables + plots) here.")] = None,
+) -> None:
+    """Tables of a sweep: algorithms x targets, mean ± std or ± SE over seeds, paired t-tests."""
+    from fedbed.federation.evaluation import SELECTION_RULES
+    from fedbed.reporting import RENDERERS, html_report, sweep_tables
+
+    if selection not in SELECTION_RULES:
+        fail(f"unknown selection {selection!r}; choose one of {', '.join(SELECTION_RULES)}")
+    if spread not in ("std", "se"):
+        fail(f"--spread must be 'std' or 'se', got {spread!r}")
+    if format not in RENDERERS:
+        fail(f"unknown format {format!r}; choose one of {', '.join(RENDERERS)}")
+    try:
+        tables = sweep_tables(sweep_dir, selection, spread, baseline)
+    except ValueError as error:
+        fail(str(error))
+    text = "\n\n".join(RENDERERS[format](rows) for rows in tables.values())
+    typer.echo(text)
+    if output is not None:
+        output.write_text(text + "\n")
+    if html is not None:
+        from fedbed.plots import plot_sweep
+
+        images = plot_sweep(sweep_dir, selection)
+        html.write_text(html_report(tables, images, f"FedBed report: {sweep_dir.name} ({selection})"))
+        typer.echo(f"HTML report: {html}")
+
+
 @plot_app.command("alignment")
 def plot_alignment_command(
     run_dir: Annotated[Path, typer.Argument(help="A run directory (holding rounds.jsonl).")],

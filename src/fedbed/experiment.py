@@ -237,6 +237,7 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, progress: 
         "dataset": spec.name,
         "data_source": dataset.source,
         "algorithm": algorithm.name,
+        "hp": hparams.model_dump(mode="json"),
         "target": config.target,
         "seed": config.seed,
         "rounds": config.rounds,

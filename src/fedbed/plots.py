@@ -127,3 +127,70 @@ def plot_alignment(run_dir: Path, max_heatmaps: int = 16) -> list[Path]:
     plt.close(figure)
     written.append(path)
     return written
+
+
+def plot_sweep(sweep_dir: Path, selection: str = "train_domain_val") -> list[Path]:
+    """Write a sweep's plots into ``sweep_dir/plots/``.
+
+    Files: ``curve_<target>.png`` (ood and id accuracy vs round per label, mean over seeds with a
+    band of ± one std) and ``domains_<selection>.png`` (per-domain id and ood accuracy per label
+    under ``selection``, mean over seeds and targets).
+
+    Returns:
+        The paths written.
+    """
+    import statistics
+
+    from fedbed.reporting import labelled_summaries
+    from fedbed.results import query_rounds
+
+    out = sweep_dir / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    rows = [r for r in query_rounds(sweep_dir) if r["ood_mean"] is not None]
+    for target in sorted({r["target"] for r in rows}, key=lambda t: (len(t), t)):
+        figure, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharex=True)
+        for label in sorted({r["label"] for r in rows if r["target"] == target}):
+            for axis, key in zip(axes, ("ood_mean", "id_mean")):
+                by_round: dict[int, list[float]] = {}
+                for r in rows:
+                    if r["target"] == target and r["label"] == label:
+                        by_round.setdefault(r["round"], []).append(r[key])
+                xs = sorted(by_round)
+                means = [statistics.fmean(by_round[x]) for x in xs]
+                spreads = [statistics.stdev(by_round[x]) if len(by_round[x]) > 1 else 0.0 for x in xs]
+                axis.plot(xs, means, label=label)
+                axis.fill_between(xs, [m - s for m, s in zip(means, spreads)], [m + s for m, s in zip(means, spreads)], alpha=0.2)
+        axes[0].set_title(f"ood (target {target})")
+        axes[1].set_title("id (source holdouts)")
+        for axis in axes:
+            axis.set_xlabel("round")
+            axis.set_ylabel("accuracy (%), mean ± std over seeds")
+        axes[0].legend(fontsize="small")
+        path = out / f"curve_{target}.png"
+        figure.savefig(path, dpi=100, bbox_inches="tight")
+        plt.close(figure)
+        written.append(path)
+
+    summaries = labelled_summaries(sweep_dir)
+    labels = sorted({s["label"] for s in summaries})
+    figure, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    for axis, kind in zip(axes, ("id", "ood")):
+        domains = sorted({d for s in summaries for d in s["selection"][selection][kind]}, key=lambda d: (len(d), d))
+        width = 0.8 / max(1, len(labels))
+        for position, label in enumerate(labels):
+            heights = []
+            for domain in domains:
+                values = [s["selection"][selection][kind][domain] for s in summaries
+                          if s["label"] == label and domain in s["selection"][selection][kind]]
+                heights.append(statistics.fmean(values) if values else 0.0)
+            axis.bar([i + position * width for i in range(len(domains))], heights, width, label=label)
+        axis.set_xticks([i + 0.4 - width / 2 for i in range(len(domains))], domains)
+        axis.set_title(f"{kind} accuracy per domain ({selection}{', oracle' if selection == 'oracle' else ''})")
+        axis.set_ylabel("accuracy (%), mean over runs")
+    axes[0].legend(fontsize="small")
+    path = out / f"domains_{selection}.png"
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(figure)
+    written.append(path)
+    return written

@@ -53,34 +53,152 @@ def paired_t_test(method: Sequence[float], baseline: Sequence[float]) -> tuple[f
     return float(result.statistic), float(result.pvalue)
 
 
-def ood_table(
-    summaries: list[dict[str, Any]], algorithms: Sequence[str], targets: Sequence[str], selection: str, spread: str = "std"
-) -> str:
-    """A Markdown table: algorithms as rows, target domains as columns plus the mean; cells are
-    ood score under ``selection``, ``mean ± spread`` over seeds; the "mean" column averages the
-    per-target means."""
+def score_table(
+    summaries: list[dict[str, Any]],
+    groups: Sequence[str],
+    targets: Sequence[str],
+    selection: str,
+    kind: str = "ood",
+    spread: str = "std",
+    group_key: str = "algorithm",
+) -> list[list[str]]:
+    """Rows (header first): one per group (algorithm or label), one column per target domain plus
+    the mean; a cell is the ``kind`` score (``"ood"`` or ``"id"``, the run's domain mean) under
+    ``selection``, ``mean ± spread`` over seeds. The "mean" column averages the per-target means
+    and is left empty unless every target has runs."""
     label = "± std over seeds" if spread == "std" else "± SE over seeds"
-    lines = [
-        f"| algorithm ({selection}, {label}) | " + " | ".join(targets) + " | mean |",
-        "|---|" + "---|" * (len(targets) + 1),
-    ]
-    for algorithm in algorithms:
+    oracle = " (oracle: reads the target)" if selection == "oracle" else ""
+    rows = [[f"{kind} {group_key} ({selection}{oracle}, {label})", *targets, "mean"]]
+    for group in groups:
         cells, means = [], []
         for target in targets:
-            values = [s["selection"][selection]["ood_mean"] for s in summaries if s["algorithm"] == algorithm and s["target"] == target]
+            values = [
+                s["selection"][selection][f"{kind}_mean"]
+                for s in summaries if s[group_key] == group and s["target"] == target
+            ]
             cells.append(format_spread(values, spread) if values else "–")
             if values:
                 means.append(sum(values) / len(values))
-        mean = f"{sum(means) / len(means):.1f}" if len(means) == len(targets) else "–"
-        lines.append(f"| {algorithm} | " + " | ".join(cells) + f" | {mean} |")
-    return "\n".join(lines)
+        rows.append([group, *cells, f"{sum(means) / len(means):.1f}" if len(means) == len(targets) else "–"])
+    return rows
 
 
-def paired_pairs(summaries: list[dict[str, Any]], method: str, baseline: str, selection: str) -> tuple[list[float], list[float]]:
+def to_markdown(rows: list[list[str]]) -> str:
+    """A Markdown table from rows (header first)."""
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows[1:]])
+
+
+def to_latex(rows: list[list[str]]) -> str:
+    """A LaTeX ``tabular`` from rows (header first); ``±`` becomes ``$\\pm$``, ``_`` is escaped."""
+    def cell(text: str) -> str:
+        return text.replace("_", "\\_").replace("±", "$\\pm$").replace("%", "\\%")
+
+    lines = ["\\begin{tabular}{l" + "c" * (len(rows[0]) - 1) + "}", "\\hline"]
+    lines.append(" & ".join(cell(c) for c in rows[0]) + " \\\\ \\hline")
+    lines += [" & ".join(cell(c) for c in row) + " \\\\" for row in rows[1:]]
+    return "\n".join(lines + ["\\hline", "\\end{tabular}"])
+
+
+def to_csv(rows: list[list[str]]) -> str:
+    """CSV text from rows (header first)."""
+    import csv
+    import io
+
+    buffer = io.StringIO()
+    csv.writer(buffer).writerows(rows)
+    return buffer.getvalue()
+
+
+def ood_table(
+    summaries: list[dict[str, Any]], algorithms: Sequence[str], targets: Sequence[str], selection: str, spread: str = "std"
+) -> str:
+    """:func:`score_table` of the ood scores per algorithm, as Markdown."""
+    return to_markdown(score_table(summaries, algorithms, targets, selection, "ood", spread))
+
+
+def paired_pairs(
+    summaries: list[dict[str, Any]], method: str, baseline: str, selection: str, group_key: str = "algorithm"
+) -> tuple[list[float], list[float]]:
     """ood scores of ``method`` and ``baseline`` matched on (target, seed)."""
-    def scores(algorithm):
-        return {(s["target"], s["seed"]): s["selection"][selection]["ood_mean"] for s in summaries if s["algorithm"] == algorithm}
+    def scores(group):
+        return {(s["target"], s["seed"]): s["selection"][selection]["ood_mean"] for s in summaries if s[group_key] == group}
 
     a, b = scores(method), scores(baseline)
     keys = sorted(set(a) & set(b))
     return [a[k] for k in keys], [b[k] for k in keys]
+
+
+def labelled_summaries(sweep_dir: Path) -> list[dict[str, Any]]:
+    """The summaries below ``sweep_dir``, each with a ``label`` (see :func:`fedbed.results.run_label`)."""
+    from fedbed.results import run_label, varied_hyperparameters
+
+    varied = varied_hyperparameters(sweep_dir)
+    summaries = collect_summaries(sweep_dir)
+    for summary in summaries:
+        summary["label"] = run_label(summary["algorithm"], summary.get("hp", {}), varied.get(summary["algorithm"], []))
+    return summaries
+
+
+def t_test_rows(summaries: list[dict[str, Any]], labels: Sequence[str], baseline: str, selection: str) -> list[list[str]]:
+    """Rows (header first) of a paired t-test of each label against ``baseline`` over (target,
+    seed) pairs of ood scores, as PPDG's Table 7 (``scipy.stats.ttest_rel``, two-sided)."""
+    rows = [[f"vs {baseline} ({selection})", "pairs", "mean difference", "t", "p"]]
+    for label in labels:
+        if label == baseline:
+            continue
+        method, base = paired_pairs(summaries, label, baseline, selection, group_key="label")
+        if len(method) < 2:
+            rows.append([label, str(len(method)), "–", "–", "–"])
+            continue
+        t, p = paired_t_test(method, base)
+        difference = sum(a - b for a, b in zip(method, base)) / len(method)
+        rows.append([label, str(len(method)), f"{difference:+.2f}", f"{t:.2f}", f"{p:.3g}"])
+    return rows
+
+
+def sweep_tables(
+    sweep_dir: Path, selection: str = "train_domain_val", spread: str = "std", baseline: str | None = None
+) -> dict[str, list[list[str]]]:
+    """The report's tables of a sweep folder: ``ood``, ``id`` and, with a baseline, ``t_test``.
+
+    Raises:
+        ValueError: no finished run below ``sweep_dir``, or a baseline that is not among the labels.
+    """
+    summaries = labelled_summaries(sweep_dir)
+    if not summaries:
+        raise ValueError(f"{sweep_dir} holds no finished run (no {SUMMARY_NAME})")
+    labels = sorted({s["label"] for s in summaries})
+    targets = sorted({s["target"] for s in summaries}, key=lambda t: (len(t), t))
+    tables = {kind: score_table(summaries, labels, targets, selection, kind, spread, "label") for kind in ("ood", "id")}
+    if baseline is not None:
+        if baseline not in labels:
+            raise ValueError(f"baseline {baseline!r} is not among the runs' labels: {', '.join(labels)}")
+        tables["t_test"] = t_test_rows(summaries, labels, baseline, selection)
+    return tables
+
+
+RENDERERS = {"markdown": to_markdown, "latex": to_latex, "csv": to_csv}
+
+
+def html_report(tables: dict[str, list[list[str]]], images: list[Path], title: str) -> str:
+    """One self-contained HTML page: the tables and the PNG plots embedded as base64."""
+    import base64
+    import html
+
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
+             "td,th{border:1px solid #999;padding:4px 8px;text-align:right}th:first-child,td:first-child{text-align:left}"
+             "img{max-width:100%}</style></head><body>", f"<h1>{html.escape(title)}</h1>"]
+    for name, rows in tables.items():
+        parts.append(f"<h2>{html.escape(name)}</h2><table id='{html.escape(name)}'><tr>")
+        parts += [f"<th>{html.escape(c)}</th>" for c in rows[0]]
+        parts.append("</tr>")
+        for row in rows[1:]:
+            parts.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>")
+        parts.append("</table>")
+    for image in images:
+        encoded = base64.b64encode(image.read_bytes()).decode()
+        parts.append(f"<h3>{html.escape(image.stem)}</h3><img alt='{html.escape(image.stem)}' src='data:image/png;base64,{encoded}'>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

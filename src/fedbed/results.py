@@ -1,0 +1,130 @@
+"""The results store: every run of a sweep folder indexed in one SQLite file (standard library).
+
+Tables:
+
+- ``runs``: one row per run directory — ``run`` (folder name), ``dataset``, ``algorithm``,
+  ``label`` (algorithm plus the values of the hyperparameters the sweep varies), ``target``,
+  ``seed``, ``hp`` (JSON), ``done`` (0/1), and for each model-selection rule ``<rule>_round``,
+  ``<rule>_id`` and ``<rule>_ood`` (``oracle_*`` read the target domain).
+- ``rounds``: one row per logged round — ``run``, ``round``, ``train_loss``, ``id_mean``,
+  ``ood_mean`` (null where not evaluated), ``conflicting_pairs``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedbed.experiment import CONFIG_NAME, SUMMARY_NAME
+from fedbed.federation.engine import LOG_NAME
+from fedbed.federation.evaluation import SELECTION_RULES
+
+STORE_NAME = "results.sqlite"
+RUN_COLUMNS = ("run", "dataset", "algorithm", "label", "target", "seed", "hp", "done") + tuple(
+    f"{rule}_{field}" for rule in SELECTION_RULES for field in ("round", "id", "ood")
+)
+
+
+class ResultsError(ValueError):
+    """Raised for a folder that holds no run, or a bad ``--where`` filter."""
+
+
+def varied_hyperparameters(sweep_dir: Path) -> dict[str, list[str]]:
+    """Per algorithm, the hyperparameters the sweep file gives more than one value."""
+    record = sweep_dir / "sweep.yaml"
+    if not record.exists():
+        return {}
+    spec = yaml.safe_load(record.read_text()) or {}
+    return {alg: sorted(k for k, v in grid.items() if len(v) > 1) for alg, grid in (spec.get("hp") or {}).items()}
+
+
+def run_label(algorithm: str, hp: dict[str, Any], varied: list[str]) -> str:
+    """``algorithm`` or, where the sweep varies hyperparameters, ``algorithm(key=value, ...)``."""
+    if not varied:
+        return algorithm
+    return f"{algorithm}(" + ", ".join(f"{k}={hp.get(k)}" for k in varied) + ")"
+
+
+def index_runs(sweep_dir: Path) -> Path:
+    """(Re)build ``sweep_dir/results.sqlite`` from every run directory below ``sweep_dir``.
+
+    Returns:
+        The path of the store.
+
+    Raises:
+        ResultsError: if no run directory (a folder with ``config.yaml``) is found.
+    """
+    configs = sorted(sweep_dir.rglob(CONFIG_NAME))
+    if not configs:
+        raise ResultsError(f"{sweep_dir} holds no FedBed run (no {CONFIG_NAME} below it)")
+    varied = varied_hyperparameters(sweep_dir)
+    store = sweep_dir / STORE_NAME
+    partial = store.with_name(store.name + ".partial")
+    partial.unlink(missing_ok=True)
+    with sqlite3.connect(partial) as db:
+        db.execute(f"CREATE TABLE runs ({', '.join(RUN_COLUMNS)})")
+        db.execute("CREATE TABLE rounds (run, round, train_loss, id_mean, ood_mean, conflicting_pairs)")
+        for config_path in configs:
+            run_dir = config_path.parent
+            name = run_dir.relative_to(sweep_dir).as_posix()
+            config = yaml.safe_load(config_path.read_text())
+            summary = json.loads((run_dir / SUMMARY_NAME).read_text()) if (run_dir / SUMMARY_NAME).exists() else None
+            row: dict[str, Any] = {
+                "run": name,
+                "dataset": config["dataset"],
+                "algorithm": config["algorithm"],
+                "label": run_label(config["algorithm"], config.get("hp", {}), varied.get(config["algorithm"], [])),
+                "target": config["target"],
+                "seed": config["seed"],
+                "hp": json.dumps(config.get("hp", {}), sort_keys=True),
+                "done": int(summary is not None),
+            }
+            for rule in SELECTION_RULES:
+                chosen = summary["selection"][rule] if summary else {}
+                row.update({f"{rule}_round": chosen.get("round"), f"{rule}_id": chosen.get("id_mean"), f"{rule}_ood": chosen.get("ood_mean")})
+            db.execute(f"INSERT INTO runs VALUES ({', '.join('?' for _ in RUN_COLUMNS)})", [row[c] for c in RUN_COLUMNS])
+            log = run_dir / LOG_NAME
+            for line in log.read_text().splitlines() if log.exists() else []:
+                record = json.loads(line)
+                evaluation = record.get("evaluation") or {}
+                db.execute(
+                    "INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?)",
+                    (name, record["round"], record["metrics"].get("train_loss"), evaluation.get("id_mean"),
+                     evaluation.get("ood_mean"), (record.get("alignment") or {}).get("conflicting_pairs")),
+                )
+    partial.replace(store)
+    return store
+
+
+def query_runs(sweep_dir: Path, where: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Rows of the ``runs`` table (indexing first), filtered by ``column = value`` pairs.
+
+    Raises:
+        ResultsError: an unknown column in ``where``, or no run below ``sweep_dir``.
+    """
+    where = where or {}
+    unknown = sorted(set(where) - set(RUN_COLUMNS))
+    if unknown:
+        raise ResultsError(f"unknown column(s) {', '.join(unknown)} in --where; columns: {', '.join(RUN_COLUMNS)}")
+    store = index_runs(sweep_dir)
+    clause = " AND ".join(f"CAST({column} AS TEXT) = ?" for column in where)
+    sql = "SELECT * FROM runs" + (f" WHERE {clause}" if clause else "") + " ORDER BY algorithm, label, target, seed"
+    with sqlite3.connect(store) as db:
+        db.row_factory = sqlite3.Row
+        return [dict(row) for row in db.execute(sql, list(where.values()))]
+
+
+def query_rounds(sweep_dir: Path) -> list[dict[str, Any]]:
+    """Every row of the ``rounds`` table joined with its run's label, target and seed."""
+    store = index_runs(sweep_dir)
+    with sqlite3.connect(store) as db:
+        db.row_factory = sqlite3.Row
+        rows = db.execute(
+            "SELECT runs.label, runs.target, runs.seed, rounds.* FROM rounds JOIN runs ON rounds.run = runs.run "
+            "ORDER BY runs.label, runs.target, runs.seed, rounds.round"
+        )
+        return [dict(row) for row in rows]

@@ -1,0 +1,176 @@
+"""Sweeps: a grid of runs (algorithms x targets x seeds x named hyperparameter values) over one
+dataset and protocol, each in a run directory named by a hash of its resolved settings.
+
+A sweep file (YAML)::
+
+    name: rmnist-ppdg
+    base:                      # settings every run shares (any ExperimentConfig field)
+      dataset: RotatedMNIST
+      model: lenet
+      rounds: 4
+    algorithms: [fedavg, fedprox, ppdg]
+    targets: all               # or a list of domain names
+    seeds: [0, 1, 2]
+    hp:                        # per algorithm: hyperparameter -> list of values (a grid)
+      fedprox: {mu: [0.1]}
+
+Like DomainBed's sweep, a finished job has a ``done`` marker and is skipped when the sweep is
+run again; an unfinished one resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import multiprocessing
+import os
+import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from tqdm import tqdm
+
+from fedbed.data import dataset_spec
+from fedbed.experiment import ConfigError, ExperimentConfig, config_from_mapping, run_experiment, validate
+from fedbed.federation.engine import CHECKPOINT_NAME
+
+DONE_MARKER = "done"
+SWEEP_RECORD = "sweep.yaml"
+
+
+class SweepSpec(BaseModel):
+    """A validated sweep file (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "sweep"
+    base: dict[str, Any] = Field(default_factory=dict)
+    algorithms: list[str] = Field(min_length=1)
+    targets: str | list[str] = "all"
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    hp: dict[str, dict[str, list[Any]]] = Field(default_factory=dict)
+
+    @field_validator("base")
+    @classmethod
+    def _no_per_job_keys(cls, base: dict[str, Any]) -> dict[str, Any]:
+        for key in ("algorithm", "target", "seed", "run_dir"):
+            if key in base:
+                raise ValueError(f"'{key}' is set per job by the sweep; remove it from 'base'")
+        return base
+
+
+def load_sweep(path: Path) -> SweepSpec:
+    """Read and validate a sweep file.
+
+    Raises:
+        ConfigError: missing file, invalid YAML, or an invalid or unknown key (one line).
+    """
+    if not path.is_file():
+        raise ConfigError(f"sweep file {path} does not exist")
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+        return SweepSpec(**values)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"sweep file {path} is not valid YAML: {str(error).splitlines()[0]}") from None
+    except ValidationError as error:
+        first = error.errors()[0]
+        key = ".".join(str(p) for p in first["loc"]) or "sweep"
+        raise ConfigError(f"sweep file {path}: {key}: {first['msg']}") from None
+    except TypeError as error:
+        raise ConfigError(f"sweep file {path} must hold a mapping: {error}") from None
+
+
+def config_hash(config: ExperimentConfig) -> str:
+    """A stable 12-hex-digit hash of every setting of a run except its output folder.
+
+    The settings are serialised as sorted JSON, so the hash depends only on their values.
+    """
+    settings = config.model_dump(mode="json", exclude={"run_dir"})
+    canonical = json.dumps(settings, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def expand(spec: SweepSpec, sweep_dir: Path) -> list[ExperimentConfig]:
+    """Every job of the sweep, each with its run directory ``sweep_dir/<hash>``.
+
+    Order: seed, then target, then algorithm, then hyperparameter values, so a partial sweep
+    holds whole seeds.
+
+    Raises:
+        ConfigError: an invalid setting, dataset, target, algorithm or hyperparameter.
+    """
+    try:
+        dataset = dataset_spec(spec.base.get("dataset", "RotatedMNIST"))
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    targets = list(dataset.domain_names) if spec.targets == "all" else list(spec.targets)
+    jobs = []
+    for seed, target, algorithm in itertools.product(spec.seeds, targets, spec.algorithms):
+        grid = spec.hp.get(algorithm, {})
+        names = sorted(grid)
+        for values in itertools.product(*(grid[name] for name in names)):
+            hp = {**spec.base.get("hp", {}), **dict(zip(names, values))}
+            config = config_from_mapping({**spec.base, "algorithm": algorithm, "target": target, "seed": seed, "hp": hp})
+            validate(config)
+            jobs.append(config.model_copy(update={"run_dir": sweep_dir / config_hash(config)}))
+    return jobs
+
+
+def _run_job(config: ExperimentConfig, threads: int) -> tuple[str, str | None]:
+    """Run one job (in a worker process or in this one); return its directory and an error or None."""
+    import torch
+
+    torch.set_num_threads(threads)
+    run_dir = config.run_dir
+    try:
+        resume = (run_dir / CHECKPOINT_NAME).exists()
+        run_experiment(config, resume=resume, progress=False, echo=lambda *_: None)
+        (run_dir / DONE_MARKER).write_text("")
+        return str(run_dir), None
+    except Exception as error:  # a failing job is reported; the sweep goes on
+        return str(run_dir), f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=3)}"
+
+
+def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, progress: bool = True) -> dict[str, Any]:
+    """Run every unfinished job of the sweep.
+
+    Args:
+        spec: the validated sweep.
+        sweep_dir: where the run directories go (created).
+        workers: parallel processes; each gets ``max(1, cores // workers)`` torch threads so that
+            workers x threads never exceeds the cores (oversubscribing 2 cores slows every job
+            several times).
+        progress: one overall progress bar (jobs done / total, ETA).
+
+    Returns:
+        ``{"total", "skipped", "ran", "failed": {run_dir: error}}``.
+    """
+    if workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {workers}")
+    jobs = expand(spec, sweep_dir)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    (sweep_dir / SWEEP_RECORD).write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    pending = [job for job in jobs if not (job.run_dir / DONE_MARKER).exists()]
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    failed: dict[str, str] = {}
+    bar = tqdm(total=len(jobs), initial=len(jobs) - len(pending), desc=spec.name, unit="job", disable=not progress)
+    if workers == 1:
+        outcomes = (_run_job(job, threads) for job in pending)
+        for run_dir, error in outcomes:
+            if error:
+                failed[run_dir] = error
+            bar.update(1)
+    else:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(_run_job, job, threads) for job in pending]
+            for future in as_completed(futures):
+                run_dir, error = future.result()
+                if error:
+                    failed[run_dir] = error
+                bar.update(1)
+    bar.close()
+    return {"total": len(jobs), "skipped": len(jobs) - len(pending), "ran": len(pending), "failed": failed}

@@ -1,0 +1,97 @@
+"""Sweeps: stable run-directory hashes, skip and resume, the results store, reports and HTML."""
+
+import json
+import shutil
+import sqlite3
+import subprocess
+
+import pytest
+from typer.testing import CliRunner
+
+from fedbed.cli import app
+from fedbed.experiment import ExperimentConfig, run_experiment
+from fedbed.sweep import DONE_MARKER, SweepSpec, config_hash, expand, run_sweep
+
+runner = CliRunner()
+
+
+def tiny_spec(**changes) -> SweepSpec:
+    values = dict(
+        name="tiny",
+        base={"dataset": "RotatedMNIST", "rounds": 2, "local_steps": 1, "batch_size": 16},
+        algorithms=["fedavg", "ppdg"],
+        targets=["0", "15"],
+        seeds=[0, 1],
+        hp={"ppdg": {"alignment_lambda": [0.01]}},
+    )
+    values.update(changes)
+    return SweepSpec(**values)
+
+
+def test_run_directory_hash_is_stable():
+    a = ExperimentConfig(algorithm="fedprox", hp={"mu": 0.1, "client_lr": 0.01}, seed=3)
+    b = ExperimentConfig(seed=3, hp={"client_lr": 0.01, "mu": 0.1}, algorithm="fedprox", run_dir="elsewhere")
+    assert config_hash(a) == config_hash(b)  # key order and output folder do not matter
+    assert config_hash(a) != config_hash(a.model_copy(update={"seed": 4}))
+    assert config_hash(ExperimentConfig()) == "a49ffc712b44"  # a change here orphans every existing sweep folder
+
+
+def test_expand_orders_jobs_by_seed_then_target(tmp_path):
+    jobs = expand(tiny_spec(), tmp_path)
+    assert [(j.seed, j.target, j.algorithm) for j in jobs[:3]] == [(0, "0", "fedavg"), (0, "0", "ppdg"), (0, "15", "fedavg")]
+    assert len(jobs) == 8 and len({j.run_dir for j in jobs}) == 8
+    assert all(j.run_dir.parent == tmp_path for j in jobs)
+    with pytest.raises(ValueError, match="set per job"):
+        tiny_spec(base={"seed": 1})
+
+
+def test_sweep_skips_finished_jobs_and_resumes_an_interrupted_one(tmp_path):
+    spec = tiny_spec(targets=["0"], seeds=[0])
+    jobs = expand(spec, tmp_path)
+    interrupted = jobs[1]
+    # The job stopped after round 1 of 2: a checkpoint and one logged round, no done marker.
+    run_experiment(interrupted.model_copy(update={"rounds": 1}), progress=False, echo=lambda *_: None)
+    outcome = run_sweep(spec, tmp_path, progress=False)
+    assert outcome == {"total": 2, "skipped": 0, "ran": 2, "failed": {}}
+    lines = (interrupted.run_dir / "rounds.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in lines] == [1, 2]
+    assert all((job.run_dir / DONE_MARKER).exists() for job in jobs)
+    again = run_sweep(spec, tmp_path, progress=False)
+    assert again == {"total": 2, "skipped": 2, "ran": 0, "failed": {}}
+
+
+def test_results_report_and_html(tmp_path):
+    run_sweep(tiny_spec(), tmp_path, progress=False)
+    result = runner.invoke(app, ["results", str(tmp_path), "--where", "algorithm=ppdg", "--where", "target=15"])
+    assert result.exit_code == 0, result.output
+    assert "2 run(s)" in result.output
+    with sqlite3.connect(tmp_path / "results.sqlite") as db:
+        assert db.execute("SELECT COUNT(*) FROM runs WHERE done = 1").fetchone()[0] == 8
+        assert db.execute("SELECT COUNT(*) FROM rounds").fetchone()[0] == 16
+    bad = runner.invoke(app, ["results", str(tmp_path), "--where", "colour=red"])
+    assert bad.exit_code == 2 and "unknown column" in bad.output
+
+    html_path = tmp_path / "report.html"
+    result = runner.invoke(app, ["report", str(tmp_path), "--baseline", "fedavg", "--spread", "se", "--html", str(html_path)])
+    assert result.exit_code == 0, result.output
+    assert "± SE over seeds" in result.output and "| ppdg |" in result.output and "vs fedavg" in result.output
+    latex = runner.invoke(app, ["report", str(tmp_path), "--format", "latex", "--selection", "oracle"])
+    assert "\\begin{tabular}" in latex.output and "oracle: reads the target" in latex.output
+    page = html_path.read_text()
+    assert page.count("<table") == 3 and page.count("data:image/png;base64,") == 3
+
+
+def test_html_report_renders_in_headless_chromium(tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (apt-get install chromium to run this check)")
+    run_sweep(tiny_spec(algorithms=["fedavg"], targets=["0"], seeds=[0, 1]), tmp_path, progress=False)
+    html_path = tmp_path / "report.html"
+    assert runner.invoke(app, ["report", str(tmp_path), "--html", str(html_path)]).exit_code == 0
+    dom = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+         "--dump-dom", html_path.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    ).stdout
+    assert "<table id=\"ood\">" in dom and "fedavg" in dom and "± std over seeds" in dom
