@@ -69,3 +69,19 @@ def test_plot_alignment_writes_pngs(tmp_path):
     assert all((run_dir / "plots" / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
     result = runner.invoke(app, ["plot", "alignment", str(tmp_path / "nothing")])
     assert result.exit_code == 2 and "does not exist" in result.output
+
+
+def test_resume_and_run_directory_guards(tmp_path):
+    run_dir = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--resume", "--run-dir", str(run_dir)])
+    assert result.exit_code == 2 and "cannot resume" in result.output and not run_dir.exists()
+    other = tmp_path / "precious"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    result = runner.invoke(app, ["run", "--run-dir", str(other)])
+    assert result.exit_code == 2 and "holds no FedBed run" in result.output
+    assert (other / "notes.txt").read_text() == "keep me"
+    base = ["run", "--rounds", "1", "--local-steps", "1", "--run-dir", str(run_dir), "--no-progress"]
+    assert runner.invoke(app, base).exit_code == 0
+    result = runner.invoke(app, [*base, "--resume", "--algorithm", "ppdg"])
+    assert result.exit_code == 2 and "differ in algorithm" in result.output

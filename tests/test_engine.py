@@ -62,6 +62,22 @@ def test_failing_clients_are_dropped_with_a_reason(tmp_path):
     assert all(torch.isfinite(v).all() for v in federation.strategy.global_model().state_dict().values() if v.is_floating_point())
 
 
+def test_reply_checks():
+    from fedbed.federation.engine import check_reply
+
+    sent = {"w": torch.zeros(2, 2), "steps": torch.tensor(3)}
+    assert check_reply(Reply({"w": torch.ones(2, 2), "steps": torch.tensor(4)}, 5), sent) is None
+    assert "missing" in check_reply(Reply({"w": torch.ones(2, 2)}, 5), sent)
+    assert "expected" in check_reply(Reply({"w": torch.ones(3), "steps": torch.tensor(4)}, 5), sent)
+    assert "expected" in check_reply(Reply({"w": torch.ones(2, 2, dtype=torch.float64), "steps": torch.tensor(4)}, 5), sent)
+    assert "positive" in check_reply(Reply({"w": torch.ones(2, 2), "steps": torch.tensor(4)}, 0), sent)
+
+
+def test_selection_skips_unscored_rounds():
+    log = [{"round": 1, "id_mean": float("nan"), "ood_mean": 5.0}, {"round": 2, "id_mean": 40.0, "ood_mean": 1.0}]
+    assert select_round(log, "train_domain_val")["round"] == 2
+
+
 def test_selection_rules_on_a_synthetic_log():
     log = [
         {"round": 1, "id_mean": 50.0, "ood_mean": 90.0},

@@ -24,24 +24,28 @@ T = lambda *rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
 def test_ppdg_conflicting_pair_by_hand():
     # <(1,0), (-1,1)> = -1 < 0: ĝ_0 = (1,0) - 2·0.25·((1,0) - (-1,1)) = (0, 0.5);
     # then <ĝ_1, ĝ_0> = <(-1,1), (0,0.5)> = 0.5 >= 0, so ĝ_1 stays.
-    aligned = ppdg_align(T([1, 0], [-1, 1]), 0.25, [[1], [0]])
+    aligned = ppdg_align(T([1, 0], [-1, 1]), 0.25, [(0, [1]), (1, [0])])
     assert torch.allclose(aligned, T([0, 0.5], [-1, 1]))
 
 
 def test_ppdg_leaves_agreeing_updates_alone_unless_asked():
     updates = T([1, 0], [1, 1])
-    assert torch.equal(ppdg_align(updates, 0.25, [[1], [0]]), updates)
+    assert torch.equal(ppdg_align(updates, 0.25, [(0, [1]), (1, [0])]), updates)
     # "w/o gradient conflict" (Table 6): ĝ_0 = (1,0) - 0.5((1,0)-(1,1)) = (1, 0.5); ĝ_1 = (1,1) - 0.5((1,1)-(1,0.5)) = (1, 0.75)
-    assert torch.allclose(ppdg_align(updates, 0.25, [[1], [0]], always_align=True), T([1, 0.5], [1, 0.75]))
+    assert torch.allclose(ppdg_align(updates, 0.25, [(0, [1]), (1, [0])], always_align=True), T([1, 0.5], [1, 0.75]))
 
 
 def test_ppdg_visiting_order_changes_the_result():
     updates = T([1, 0], [-1, 1], [-1, -1])
     # j = 1 then 2: (1,0) -> (0,0.5) -> (0,0.5) - 0.5((0,0.5) - (-1,-1)) = (-0.5,-0.25)
-    first = ppdg_align(updates, 0.25, [[1, 2], [], []])
+    first = ppdg_align(updates, 0.25, [(0, [1, 2])])
     # j = 2 then 1: (1,0) -> (0,-0.5) -> (0,-0.5) - 0.5((0,-0.5) - (-1,1)) = (-0.5, 0.25)
-    second = ppdg_align(updates, 0.25, [[2, 1], [], []])
+    second = ppdg_align(updates, 0.25, [(0, [2, 1])])
     assert torch.allclose(first[0], T([-0.5, -0.25])[0]) and torch.allclose(second[0], T([-0.5, 0.25])[0])
+    # The order of the i matters too: visiting 1 before 0 aligns g_1 against the unmodified g_0 first.
+    # g_1 = (-1,1) - 0.5((-1,1) - (1,0)) = (0, 0.5); then <g_0, ĝ_1> = 0, no conflict: g_0 stays.
+    one_first = ppdg_align(T([1, 0], [-1, 1]), 0.25, [(1, [0]), (0, [1])])
+    assert torch.allclose(one_first, T([1, 0], [0, 0.5]))
 
 
 def test_pcgrad_projection_by_hand():

@@ -90,7 +90,9 @@ def test_server_vector_jacobian_products_equal_autograd():
         assert g_nu[row].view(2, -1)[1 - client].abs().sum() == 0  # only the client's own embedding row
 
 
-@pytest.mark.parametrize("hp", [{}, {"use_gradalign": False, "use_ema": False}, {"gradalign_softmax": "negative"}])
+@pytest.mark.parametrize("hp", [
+    {"ema_warmup_rounds": 1}, {"use_gradalign": False, "use_ema": False}, {"gradalign_softmax": "negative"},
+])
 def test_one_round_moves_generated_weights_towards_the_trained_ones(hp):
     strategy = tiny_strategy(**hp)
     before = strategy.configure_round(1, [0])[0].arrays
@@ -102,3 +104,21 @@ def test_one_round_moves_generated_weights_towards_the_trained_ones(hp):
         return sum(float(((a[k] - trained[k]) ** 2).sum()) for k in trained)
 
     assert distance(after) < distance(before)
+
+
+def test_ema_smooths_the_server_step_after_warm_up():
+    plain, smoothed = tiny_strategy(use_ema=False), tiny_strategy(ema_warmup_rounds=1, ema_decay=0.5)
+    for round_number in (1, 2):
+        for strategy in (plain, smoothed):
+            before = strategy.configure_round(round_number, [0])[0].arrays
+            strategy.aggregate(round_number, {0: Reply({k: v + 0.5 for k, v in before.items()}, 10, {"loss": 1.0})})
+    # Round 1 starts the average; round 2's step is halved by α = 0.5, so the weights moved less.
+    start = tiny_strategy().hypernetwork.state_dict()
+    moved = lambda s: sum(float((s.hypernetwork.state_dict()[k] - start[k]).abs().sum()) for k in start)  # noqa: E731
+    assert 0 < moved(smoothed) < moved(plain)
+
+
+def test_models_with_statistics_buffers_are_refused():
+    strategy = HypernetworkStrategy(HFedFHyperparameters(), seed=0)
+    with pytest.raises(ValueError, match="statistics buffers"):
+        strategy.initialize(nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2)), [ClientInfo(0, 1, (0,))])

@@ -43,6 +43,10 @@ def test_expand_orders_jobs_by_seed_then_target(tmp_path):
     assert all(j.run_dir.parent == tmp_path for j in jobs)
     with pytest.raises(ValueError, match="set per job"):
         tiny_spec(base={"seed": 1})
+    with pytest.raises(ValueError, match="not in 'algorithms'"):
+        tiny_spec(hp={"PPDG": {"alignment_lambda": [0.1]}})
+    with pytest.raises(ValueError, match="lists no value"):
+        tiny_spec(hp={"ppdg": {"alignment_lambda": []}})
 
 
 def test_sweep_skips_finished_jobs_and_resumes_an_interrupted_one(tmp_path):

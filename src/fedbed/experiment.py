@@ -80,7 +80,7 @@ class ExperimentConfig(BaseModel):
     image_size: int | None = Field(None, gt=0)
     model: str | None = None
     pretrained_weights: Path | None = None
-    holdout_fraction: float = Field(0.2, ge=0, lt=1)
+    holdout_fraction: float = Field(0.2, gt=0, lt=1)
     partition: Literal["domain", "domains_per_client", "lambda_mix"] = "domain"
     num_clients: int | None = Field(None, gt=0)
     domains_per_client: int = Field(1, gt=0)
@@ -168,6 +168,41 @@ def _partitions(config: ExperimentConfig, split, pooled: bool):
     return partition_one_client_per_domain(split)
 
 
+RESUMABLE_CHANGES = {"rounds"}
+"""Settings that may differ between a run and its resumption."""
+
+
+def prepare_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool, echo) -> None:
+    """Check and create the run directory before anything is written into it.
+
+    Without ``resume``, an earlier FedBed run in ``run_dir`` (a folder holding ``config.yaml``)
+    is replaced; any other non-empty folder is refused. With ``resume``, the folder must hold a
+    checkpoint of a run whose settings equal ``resolved`` except for :data:`RESUMABLE_CHANGES`.
+
+    Raises:
+        ConfigError: a non-empty folder that is not a run, or a resumption that cannot continue.
+    """
+    from fedbed.federation.engine import CHECKPOINT_NAME
+
+    if resume:
+        if not (run_dir / CHECKPOINT_NAME).exists():
+            raise ConfigError(f"cannot resume: {run_dir / CHECKPOINT_NAME} does not exist; run without --resume")
+        stored = yaml.safe_load((run_dir / CONFIG_NAME).read_text()) if (run_dir / CONFIG_NAME).exists() else {}
+        changed = sorted(k for k in set(stored) | set(resolved) if k not in RESUMABLE_CHANGES and stored.get(k) != resolved.get(k))
+        if changed:
+            raise ConfigError(
+                f"cannot resume {run_dir}: its settings differ in {', '.join(changed)}; only "
+                f"{', '.join(sorted(RESUMABLE_CHANGES))} may change (or run without --resume)"
+            )
+        return
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not (run_dir / CONFIG_NAME).exists():
+            raise ConfigError(f"{run_dir} is not empty and holds no FedBed run; choose another --run-dir")
+        echo(f"replacing the earlier run in {run_dir} (use --resume to continue it)")
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
 def run_experiment(config: ExperimentConfig, *, resume: bool = False, progress: bool = True, echo=print) -> dict[str, Any]:
     """Train and evaluate one leave-one-domain-out run; write its run directory; return the summary.
 
@@ -209,14 +244,14 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, progress: 
         task=dataset.task,
     )
     torch.manual_seed(derive_seed(config.seed, 0))
-    federation.strategy.initialize(model_factory(), client_infos(federation, [p.domains for p in partitions]))
+    try:
+        federation.strategy.initialize(model_factory(), client_infos(federation, [p.domains for p in partitions]))
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
     run_dir = config.resolved_run_dir()
-    if not resume and run_dir.exists():
-        echo(f"replacing the earlier run in {run_dir} (use --resume to continue it)")
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     resolved = {**config.model_dump(mode="json"), "model": model_name, "hp": hparams.model_dump(mode="json")}
+    prepare_run_dir(run_dir, resolved, resume, echo)
     (run_dir / CONFIG_NAME).write_text(yaml.safe_dump(resolved, sort_keys=False))
     echo(
         f"{algorithm.name} on {spec.name}, target {config.target}: {len(partitions)} client(s) "

@@ -105,16 +105,23 @@ def visiting_orders(count: int, generator: torch.Generator) -> list[list[int]]:
     return [[j for j in torch.randperm(count, generator=generator).tolist() if j != i] for i in range(count)]
 
 
+def visiting_plan(count: int, generator: torch.Generator) -> list[tuple[int, list[int]]]:
+    """The ``i`` in a random order, each with the other indices ``j != i`` in a random order."""
+    outer = torch.randperm(count, generator=generator).tolist()
+    inner = visiting_orders(count, generator)
+    return [(i, inner[i]) for i in outer]
+
+
 def ppdg_align(
     updates: torch.Tensor,
     alignment_lambda: float,
-    orders: Sequence[Sequence[int]],
+    plan: Sequence[tuple[int, Sequence[int]]],
     always_align: bool = False,
 ) -> torch.Tensor:
     """PPDG's pairwise gradient alignment (``ppdg-gradient-alignment.txt``, Sec. 3.2, Algorithm 1, Eq. 5).
 
-    For each client ``i`` (in order) and each other client ``j`` (in the random order given by
-    ``orders``): if ``⟨ĝ_i, ĝ_j⟩ < 0`` then ``ĝ_i ← ĝ_i − 2λ(ĝ_i − ĝ_j)``, where ``ĝ_j`` is the
+    For each client ``i`` and each other client ``j``, both in the random order of ``plan``
+    ("in a random order", Sec. 3.2): if ``⟨ĝ_i, ĝ_j⟩ < 0`` then ``ĝ_i ← ĝ_i − 2λ(ĝ_i − ĝ_j)``, where ``ĝ_j`` is the
     current, possibly already modified, vector, as in Algorithm 1. Only additions,
     multiplications and comparisons are used (no division: the homomorphic-encryption property
     of Sec. 3.2), so all-zero updates pass through unchanged.
@@ -122,14 +129,14 @@ def ppdg_align(
     Args:
         updates: ``[K, P]`` client updates.
         alignment_lambda: λ of Eq. 5.
-        orders: for each ``i``, the ``j`` in visiting order (:func:`visiting_orders`).
+        plan: ``(i, [j, ...])`` pairs in visiting order (:func:`visiting_plan`).
         always_align: align every pair, conflicting or not (the "w/o gradient conflict" ablation, Table 6).
 
     Returns:
         ``[K, P]`` aligned updates ĝ (a new tensor).
     """
     aligned = updates.to(torch.float64).clone()
-    for i, order in enumerate(orders):
+    for i, order in plan:
         for j in order:
             if always_align or float(aligned[i] @ aligned[j]) < 0:
                 aligned[i] = aligned[i] - 2.0 * alignment_lambda * (aligned[i] - aligned[j])

@@ -54,6 +54,18 @@ class SweepSpec(BaseModel):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     hp: dict[str, dict[str, list[Any]]] = Field(default_factory=dict)
 
+    @field_validator("hp")
+    @classmethod
+    def _grids_name_listed_algorithms(cls, hp: dict[str, dict[str, list[Any]]], info) -> dict:
+        listed = set(info.data.get("algorithms") or [])
+        for algorithm, grid in hp.items():
+            if algorithm not in listed:
+                raise ValueError(f"hp names algorithm {algorithm!r}, which is not in 'algorithms' ({', '.join(sorted(listed))})")
+            for key, values in grid.items():
+                if not values:
+                    raise ValueError(f"hp.{algorithm}.{key} lists no value")
+        return hp
+
     @field_validator("base")
     @classmethod
     def _no_per_job_keys(cls, base: dict[str, Any]) -> dict[str, Any]:

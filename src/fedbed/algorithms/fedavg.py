@@ -64,6 +64,10 @@ class FedAvg(SupervisedAlgorithm):
     name = "fedavg"
     summary = "FedAvg (McMahan et al. 2017): local training, n_k/n-weighted parameter average."
     hyperparameters = LocalTrainingHyperparameters
+    dataset_defaults = {  # hfedf.txt Table 10 (also Central's and Local's, App. C.8.2)
+        "OfficeHome": {"client_weight_decay": 1e-5},
+        "VLCS": {"client_lr": 1e-4},
+    }
 
     def create_strategy(self, hparams: LocalTrainingHyperparameters, context: AlgorithmContext) -> ServerStrategy:
         return FedAvgStrategy(context.seed)

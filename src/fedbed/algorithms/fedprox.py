@@ -58,3 +58,4 @@ class FedProx(FedAvg):
     summary = "FedProx (Li et al. 2020): local loss + mu/2 ||theta - theta_global||^2, FedAvg aggregation."
     hyperparameters = FedProxHyperparameters
     trainer_class = FedProxTrainer
+    dataset_defaults = {}  # hfedf.txt Table 10: FedProx's values are the same on PACS, Office-Home and VLCS

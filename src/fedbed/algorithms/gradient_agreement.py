@@ -135,6 +135,10 @@ class FedGMA(AgrSum):
     name = "fedgma"
     summary = "FedGMA (Tenison et al. 2022): soft sign-agreement mask on the mean update, server step size."
     hyperparameters = FedGMAHyperparameters
+    dataset_defaults = {  # hfedf.txt Table 10, Office-Home and VLCS columns
+        "OfficeHome": {"mask_threshold": 0.3, "server_learning_rate": 0.01},
+        "VLCS": {"mask_threshold": 0.5, "server_learning_rate": 0.01},
+    }
 
     def create_strategy(self, hparams: FedGMAHyperparameters, context: AlgorithmContext) -> FedGMAStrategy:
         return FedGMAStrategy(hparams, context.seed)

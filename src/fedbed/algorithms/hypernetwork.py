@@ -168,6 +168,12 @@ class HypernetworkStrategy(ServerStrategy):
         self.seed = seed
 
     def initialize(self, model: nn.Module, clients: list[ClientInfo]) -> None:
+        buffers = [name for name, tensor in model.named_buffers() if tensor.is_floating_point()]
+        if buffers:
+            raise ValueError(
+                f"hypernetwork methods generate a model's parameters only; this model has statistics buffers "
+                f"({', '.join(buffers[:3])}, ...): use a model without BatchNorm (hfedf_cnn, mnist_cnn, lenet)"
+            )
         self.template = model
         self.clients = {c.client_id: c for c in clients}
         shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
@@ -289,6 +295,10 @@ class HFedF(SupervisedAlgorithm):
     name = "hfedf"
     summary = "hFedF: server hypernetwork generates each client's weights; GradAlign + Adam + EMA on the server."
     hyperparameters = HFedFHyperparameters
+    dataset_defaults = {  # hfedf.txt Table 10, Office-Home and VLCS columns
+        "OfficeHome": {"server_weight_decay": 1e-5, "ema_decay": 0.75},
+        "VLCS": {"server_weight_decay": 1e-3, "ema_decay": 0.75},
+    }
 
     def create_strategy(self, hparams: HFedFHyperparameters, context: AlgorithmContext) -> HypernetworkStrategy:
         return HypernetworkStrategy(hparams, context.seed)
@@ -313,6 +323,10 @@ class PFedHN(HFedF):
     name = "pfedhn"
     summary = "pFedHN (Shamsian et al. 2021): hypernetwork-generated client weights, plain averaged server step."
     hyperparameters = PFedHNHyperparameters
+    dataset_defaults = {  # hfedf.txt Table 10, Office-Home and VLCS columns
+        dataset: {"server_learning_rate": 1e-3, "server_weight_decay": 1e-4, "client_weight_decay": 1e-4}
+        for dataset in ("OfficeHome", "VLCS")
+    }
 
 
 __all__ = ["HFedF", "HyperNetwork", "HypernetworkStrategy", "PFedHN", "gradalign_weights"]

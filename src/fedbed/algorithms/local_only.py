@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from fedbed.algorithms.fedavg import FedAvg
 from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm
 from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
@@ -58,6 +59,7 @@ class LocalOnly(SupervisedAlgorithm):
     name = "local"
     summary = "Local-only: each client trains alone; reports the mean over the client models."
     hyperparameters = LocalTrainingHyperparameters
+    dataset_defaults = FedAvg.dataset_defaults  # hfedf.txt App. C.8.2: Local takes FedAvg's values
 
     def create_strategy(self, hparams: LocalTrainingHyperparameters, context: AlgorithmContext) -> ServerStrategy:
         return LocalOnlyStrategy()

@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm
 from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
 from fedbed.algorithms.update_aggregation import UpdateAggregationStrategy
-from fedbed.gradients import ppdg_align, visiting_orders
+from fedbed.gradients import ppdg_align, visiting_plan
 
 PAPER_ALIGNMENT_LAMBDA = {
     "RotatedMNIST": 0.001,  # Sec. 4.4
@@ -61,8 +61,8 @@ class PPDGStrategy(UpdateAggregationStrategy):
     def aggregate_updates(
         self, updates: torch.Tensor, weights: torch.Tensor, generator: torch.Generator
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        orders = visiting_orders(len(updates), generator)
-        aligned = ppdg_align(updates, self.hparams.alignment_lambda, orders, self.hparams.always_align)
+        plan = visiting_plan(len(updates), generator)
+        aligned = ppdg_align(updates, self.hparams.alignment_lambda, plan, self.hparams.always_align)
         if self.hparams.weighting == "uniform":
             weights = torch.full_like(weights, 1.0 / len(weights))
         changed = [bool(not torch.equal(a, u)) for a, u in zip(aligned, updates.to(torch.float64))]

@@ -68,16 +68,21 @@ class Federation:
 def check_reply(reply: Reply, expected: dict[str, torch.Tensor]) -> str | None:
     """Why a reply must be dropped, or ``None`` if it is usable.
 
-    A reply is dropped when an array is not finite or has another shape than the array of the
-    same name that was sent.
+    A reply is dropped when it lacks an array that was sent, returns an array of another shape
+    or dtype than the one of the same name that was sent, holds non-finite values, or reports
+    no training example.
     """
+    for name, sent in expected.items():
+        if name not in reply.arrays:
+            return f"array {name} is missing from the reply"
     for name, array in reply.arrays.items():
-        if name in expected and array.shape != expected[name].shape:
-            return f"array {name} has shape {tuple(array.shape)}, expected {tuple(expected[name].shape)}"
+        if name in expected and (array.shape != expected[name].shape or array.dtype != expected[name].dtype):
+            return (f"array {name} is {array.dtype} {tuple(array.shape)}, expected "
+                    f"{expected[name].dtype} {tuple(expected[name].shape)}")
         if array.is_floating_point() and not bool(torch.isfinite(array).all()):
             return f"array {name} holds non-finite values"
-    if reply.num_examples < 0:
-        return f"num_examples is negative ({reply.num_examples})"
+    if reply.num_examples <= 0:
+        return f"num_examples must be positive, got {reply.num_examples}"
     return None
 
 
@@ -111,6 +116,18 @@ def _json_default(value: Any) -> Any:
 def client_infos(federation: Federation, partitions_domains: list[tuple[int, ...]]) -> list[ClientInfo]:
     """:class:`ClientInfo` of every client, from its data size and domains."""
     return [ClientInfo(k, len(data), doms) for k, (data, doms) in enumerate(zip(federation.clients, partitions_domains))]
+
+
+def _complete_lines(log_path: Path) -> list[str]:
+    """The log's lines that parse as JSON (a line cut short by a crash is left out)."""
+    lines = []
+    for line in log_path.read_text().splitlines() if log_path.exists() else []:
+        try:
+            json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        lines.append(line)
+    return lines
 
 
 def _save_checkpoint(path: Path, round_number: int, federation: Federation) -> None:
@@ -165,11 +182,11 @@ def run_rounds(
         federation.strategy.load_state_dict(checkpoint["strategy"])
         federation.client_states = checkpoint["client_states"]
         start = checkpoint["round"] + 1
-        kept = [line for line in log_path.read_text().splitlines() if json.loads(line)["round"] < start] if log_path.exists() else []
+        kept = [line for line in _complete_lines(log_path) if json.loads(line)["round"] < start]
         log_path.write_text("".join(line + "\n" for line in kept))
     else:
         log_path.write_text("")
-    evaluations = [json.loads(line)["evaluation"] for line in log_path.read_text().splitlines()]
+    evaluations = [json.loads(line)["evaluation"] for line in _complete_lines(log_path)]
     evaluations = [e for e in evaluations if e is not None]
 
     bar = tqdm(range(start, rounds + 1), desc="round", disable=not progress, initial=start - 1, total=rounds)

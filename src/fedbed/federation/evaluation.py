@@ -8,6 +8,7 @@ it looks at the target domain, so it is always labelled "oracle" and is never a 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -92,7 +93,7 @@ def evaluate_models(
 
 
 def select_round(evaluations: list[dict[str, Any]], rule: str) -> dict[str, Any]:
-    """Pick one evaluated round by a model-selection rule.
+    """Pick one evaluated round by a model-selection rule (rounds whose score is NaN are skipped).
 
     Args:
         evaluations: one dict per evaluated round with ``round``, ``id_mean`` and ``ood_mean``,
@@ -113,8 +114,11 @@ def select_round(evaluations: list[dict[str, Any]], rule: str) -> dict[str, Any]
         chosen = evaluations[-1]
     else:
         key = "id_mean" if rule == "train_domain_val" else "ood_mean"
-        best = max(e[key] for e in evaluations)
-        chosen = next(e for e in evaluations if e[key] == best)
+        scored = [e for e in evaluations if e[key] is not None and not math.isnan(e[key])]
+        if not scored:
+            raise ValueError(f"no evaluated round has a {key} score to select by {rule}")
+        best = max(e[key] for e in scored)
+        chosen = next(e for e in scored if e[key] == best)
     return {**chosen, "selection": rule}
 
 
