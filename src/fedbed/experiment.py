@@ -230,7 +230,8 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, progress: 
     echo(f"data: {dataset.source}")
 
     def model_factory():
-        return build_model(model_name, dataset.input_shape, dataset.num_classes, config.pretrained_weights)
+        base = build_model(model_name, dataset.input_shape, dataset.num_classes, config.pretrained_weights)
+        return algorithm.wrap_model(base, hparams)
 
     budget = TrainingBudget(config.batch_size, config.local_epochs, config.local_steps)
     context = AlgorithmContext(model_factory=model_factory, budget=budget, seed=config.seed, task=dataset.task)

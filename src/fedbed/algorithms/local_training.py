@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -54,33 +54,32 @@ def train_locally(
     hparams: LocalTrainingHyperparameters,
     budget: TrainingBudget,
     generator: torch.Generator,
-    extra_loss: Callable[[nn.Module], torch.Tensor] | None = None,
-    task: str = "classification",
+    batch_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    extra_parameters: Sequence[torch.Tensor] = (),
 ) -> float:
-    """Minimise the task loss (:func:`task_loss`, + ``extra_loss(model)``) on ``data`` for the budget.
+    """Minimise ``batch_loss(inputs, targets)`` on ``data`` for the budget.
 
     Args:
-        model: trained in place.
+        model: trained in place (its parameters are optimised).
         data: the client's samples.
         hparams: the optimiser.
         budget: ``local_epochs`` full passes, or ``local_steps`` batches (cycling through epochs).
         generator: drives the batch order (seeded by the engine per round and client).
-        extra_loss: an additional differentiable term, e.g. FedProx's proximal term.
+        batch_loss: the differentiable loss of one batch (task loss plus any method term).
+        extra_parameters: further tensors optimised alongside the model (e.g. FedSR's prior).
 
     Returns:
-        The mean training loss over the steps taken (cross-entropy plus ``extra_loss``).
+        The mean training loss over the steps taken.
     """
     model.train()
-    optimizer = make_optimizer(model.parameters(), hparams)
+    optimizer = make_optimizer([*model.parameters(), *extra_parameters], hparams)
     total, steps = 0.0, 0
     max_steps = budget.local_steps if budget.local_steps is not None else None
     epochs = budget.local_epochs if budget.local_epochs is not None else None
     epoch = 0
     while (epochs is None or epoch < epochs) and (max_steps is None or steps < max_steps):
         for inputs, targets in data.batches(budget.batch_size, generator):
-            loss = task_loss(task, model(inputs), targets)
-            if extra_loss is not None:
-                loss = loss + extra_loss(model)
+            loss = batch_loss(inputs, targets)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -95,8 +94,8 @@ def train_locally(
 class SupervisedTrainer(ClientTrainer):
     """Load the payload's state dict, train on the task loss, send the trained state dict back.
 
-    The client half of FedAvg, Central and Local-only; subclasses add loss terms through
-    :meth:`extra_loss`.
+    The client half of FedAvg, Central and Local-only; subclasses change the objective through
+    :meth:`loss` or add a term built from the payload through :meth:`extra_loss`.
     """
 
     def __init__(self, hparams: LocalTrainingHyperparameters, context: AlgorithmContext) -> None:
@@ -104,6 +103,11 @@ class SupervisedTrainer(ClientTrainer):
         self.budget = context.budget
         self.task = context.task
         self.model = context.model_factory()
+        self.extra_parameters: list[torch.Tensor] = []
+
+    def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The objective of one batch (:func:`task_loss` by default)."""
+        return task_loss(self.task, model(inputs), targets)
 
     def extra_loss(self, payload: Payload) -> Callable[[nn.Module], torch.Tensor] | None:
         """An additional loss term built from the payload (none by default)."""
@@ -112,10 +116,15 @@ class SupervisedTrainer(ClientTrainer):
     def fit(self, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
         self.model.load_state_dict(payload.arrays)
         generator = torch.Generator().manual_seed(int(payload.config["batch_seed"]))
-        loss = train_locally(
-            self.model, data, self.hparams, self.budget, generator, self.extra_loss(payload), self.task
-        )
-        return Reply(arrays=clone_arrays(self.model.state_dict()), num_examples=len(data), metrics={"loss": loss})
+        extra = self.extra_loss(payload)
+        model = self.model
+
+        def batch_loss(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            loss = self.loss(model, inputs, targets)
+            return loss if extra is None else loss + extra(model)
+
+        loss = train_locally(model, data, self.hparams, self.budget, generator, batch_loss, self.extra_parameters)
+        return Reply(arrays=clone_arrays(model.state_dict()), num_examples=len(data), metrics={"loss": loss})
 
 
 class SupervisedAlgorithm(Algorithm):

@@ -70,6 +70,11 @@ class Algorithm(ABC):
     pooled: ClassVar[bool] = False
     dataset_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
 
+    def wrap_model(self, model: DomainClassifier, hparams: Any) -> DomainClassifier:
+        """The model the method trains, built around the protocol's model (unchanged by default;
+        FedSR replaces the representation by a distribution)."""
+        return model
+
     @abstractmethod
     def create_strategy(self, hparams: Any, context: AlgorithmContext) -> ServerStrategy:
         """The server half."""
