@@ -65,10 +65,10 @@ def build_federation(dataset=None, target="d3", algorithm="fedavg", trainer_clas
     split = split_leave_one_domain_out(dataset, (target,), 0.25, seed=0)
     partitions = partition_one_client_per_domain(split)
     torch.manual_seed(0)
-    factory = lambda: build_model("mnist_cnn", dataset.input_shape, dataset.num_classes)  # noqa: E731
-    context = AlgorithmContext(factory, TrainingBudget(batch_size=batch_size, local_epochs=1), seed=0, task=dataset.task)
     spec = get_algorithm(algorithm)
     hparams = spec.hyperparameters(**(hp or {}))
+    factory = lambda: spec.wrap_model(build_model("mnist_cnn", dataset.input_shape, dataset.num_classes), hparams)  # noqa: E731
+    context = AlgorithmContext(factory, TrainingBudget(batch_size=batch_size, local_epochs=1), seed=0, task=dataset.task)
     federation = Federation(
         strategy=spec.create_strategy(hparams, context),
         trainer=(trainer_class or type(spec.create_trainer(hparams, context)))(hparams, context),

@@ -22,18 +22,24 @@ def run(federation, rounds, run_dir, resume=False):
     )
 
 
-def test_resume_equals_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize(
+    "algorithm, hp",
+    [("fedavg", {}), ("agrrand", {}), ("local", {}), ("fedsr", {}), ("hfedf", {"ema_warmup_rounds": 1})],
+)
+def test_resume_equals_an_uninterrupted_run(tmp_path, algorithm, hp):
     straight_dir, split_dir = tmp_path / "straight", tmp_path / "split"
     straight_dir.mkdir(), split_dir.mkdir()
-    straight = build_federation()
-    run(straight, 4, straight_dir)
-    first_half = build_federation()
+    straight = build_federation(algorithm=algorithm, hp=hp)
+    straight_evaluations = run(straight, 4, straight_dir)
+    first_half = build_federation(algorithm=algorithm, hp=hp)
     run(first_half, 2, split_dir)
-    resumed = build_federation()  # a fresh process would rebuild everything, then load the checkpoint
+    resumed = build_federation(algorithm=algorithm, hp=hp)  # a fresh process rebuilds everything, then loads the checkpoint
     evaluations = run(resumed, 4, split_dir, resume=True)
-    for key, value in straight.strategy.global_model().state_dict().items():
-        assert torch.equal(value, resumed.strategy.global_model().state_dict()[key]), key
+    for (model, _), (other, _) in zip(straight.strategy.evaluation_models(), resumed.strategy.evaluation_models()):
+        for key, value in model.state_dict().items():
+            assert torch.equal(value, other.state_dict()[key]), key
     assert [e["round"] for e in evaluations] == [1, 2, 3, 4]
+    assert [e["ood_mean"] for e in evaluations] == [e["ood_mean"] for e in straight_evaluations]
     assert len((split_dir / "rounds.jsonl").read_text().splitlines()) == 4
 
 
