@@ -94,3 +94,18 @@ def test_split_with_more_domains():
     split = split_leave_one_domain_out(dataset, ("d3",), 0.2, seed=0)
     assert split.source_domains == (0, 1, 2)
     assert [len(split.holdout[d]) for d in split.source_domains] == [2, 2, 2]
+
+
+def test_few_shot_samples_move_from_evaluation_to_training(tiny_dataset):
+    from fedbed.data import add_few_shot_target_samples
+
+    split = split_leave_one_domain_out(tiny_dataset, ("d1",), 0.25, seed=0)
+    partitions = partition_one_client_per_domain(split)
+    enlarged, ood = add_few_shot_target_samples(split, partitions, 3, seed=0)
+    shots = [set(p.indices.tolist()) - set(q.indices.tolist()) for p, q in zip(enlarged, partitions)]
+    assert [len(s) for s in shots] == [3, 3]
+    target = set(split.target.tolist())
+    assert all(s <= target for s in shots) and not (shots[0] & shots[1])
+    assert set(ood.tolist()) == target - shots[0] - shots[1]
+    with pytest.raises(DataError, match="need"):
+        add_few_shot_target_samples(split, partitions, 20, seed=0)

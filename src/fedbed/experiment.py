@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from fedbed.algorithms import AlgorithmContext, AlgorithmError, TrainingBudget, get_algorithm, resolve_hyperparameters
 from fedbed.data import (
     DataError,
+    add_few_shot_target_samples,
     dataset_spec,
     load_dataset,
     partition_domains_per_client,
@@ -62,6 +63,9 @@ class ExperimentConfig(BaseModel):
         mix_lambda: λ of the λ-mix.
         participation_fraction: share of clients sampled each round.
         eval_every: evaluate every this many rounds (and after the last).
+        few_shot_per_client: k target samples added to each client's training data (hFedF's
+            few-shot protocol, Fig. 3); they are removed from the ood evaluation set. 0 (the
+            default) keeps the target domain out of training entirely.
         hp: algorithm hyperparameters by name (validated by the algorithm).
         run_dir: output folder (default ``runs/<dataset>/<algorithm>/<target>/seed<seed>``).
     """
@@ -87,6 +91,7 @@ class ExperimentConfig(BaseModel):
     mix_lambda: float = Field(0.0, ge=0, le=1)
     participation_fraction: float = Field(1.0, gt=0, le=1)
     eval_every: int = Field(1, gt=0)
+    few_shot_per_client: int = Field(0, ge=0)
     hp: dict[str, Any] = Field(default_factory=dict)
     run_dir: Path | None = None
 
@@ -222,6 +227,9 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, progress: 
         dataset = load_dataset(spec.name, resolve_data_root(config.data_root), config.image_size)
         split = split_leave_one_domain_out(dataset, (config.target,), config.holdout_fraction, config.seed)
         partitions = _partitions(config, split, algorithm.pooled)
+        ood_indices = split.target
+        if config.few_shot_per_client:
+            partitions, ood_indices = add_few_shot_target_samples(split, partitions, config.few_shot_per_client, config.seed)
         model_name = config.model or spec.default_model
         torch.manual_seed(derive_seed(config.seed, 0))
         build_model(model_name, dataset.input_shape, dataset.num_classes, config.pretrained_weights)
@@ -240,7 +248,7 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, progress: 
         trainer=algorithm.create_trainer(hparams, context),
         clients=[ClientData.from_dataset(dataset, p.indices) for p in partitions],
         holdout={d: ClientData.from_dataset(dataset, idx) for d, idx in split.holdout.items()},
-        target={d: ClientData.from_dataset(dataset, dataset.indices_of_domain(d)) for d in split.target_domains},
+        target={d: ClientData.from_dataset(dataset, ood_indices[dataset.domains[ood_indices] == d]) for d in split.target_domains},
         domain_names=dataset.domain_names,
         task=dataset.task,
     )

@@ -4,6 +4,7 @@ from fedbed.data.base import DataError, DomainDataset
 from fedbed.data.catalog import DATASETS, dataset_spec, load_dataset, prepare_dataset, resolve_data_root
 from fedbed.data.splits import (
     ClientPartition,
+    add_few_shot_target_samples,
     DomainSplit,
     partition_domains_per_client,
     partition_lambda_mix,
@@ -16,6 +17,7 @@ from fedbed.data.splits import (
 __all__ = [
     "DATASETS",
     "ClientPartition",
+    "add_few_shot_target_samples",
     "DataError",
     "DomainDataset",
     "DomainSplit",

@@ -187,3 +187,27 @@ __all__ = [
     "sample_clients",
     "split_leave_one_domain_out",
 ]
+
+
+def add_few_shot_target_samples(
+    split: DomainSplit, partitions: list[ClientPartition], shots_per_client: int, seed: int
+) -> tuple[list[ClientPartition], torch.Tensor]:
+    """hFedF's few-shot protocol (``hfedf.txt``, Sec. 5.2, Fig. 3): each client also trains on
+    ``k`` target-domain samples, drawn without replacement with a seeded generator; those samples
+    leave the ood evaluation set.
+
+    Returns:
+        The partitions with the shots added, and the target indices left for ood evaluation.
+
+    Raises:
+        DataError: if the clients would need more target samples than exist.
+    """
+    needed = shots_per_client * len(partitions)
+    if needed >= len(split.target):
+        raise DataError(
+            f"{len(partitions)} clients x {shots_per_client} shots need {needed} target samples; the target has {len(split.target)}"
+        )
+    order = split.target[torch.randperm(len(split.target), generator=seeded_generator(seed, 32452843))]
+    shots = torch.tensor_split(order[:needed], len(partitions))
+    enlarged = [ClientPartition(torch.cat([p.indices, s]).sort().values, p.domains) for p, s in zip(partitions, shots)]
+    return enlarged, order[needed:].sort().values
