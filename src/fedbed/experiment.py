@@ -231,15 +231,16 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, progress: 
         if config.few_shot_per_client:
             partitions, ood_indices = add_few_shot_target_samples(split, partitions, config.few_shot_per_client, config.seed)
         model_name = config.model or spec.default_model
+
+        def model_factory():
+            base = build_model(model_name, dataset.input_shape, dataset.num_classes, config.pretrained_weights)
+            return algorithm.wrap_model(base, hparams)
+
         torch.manual_seed(derive_seed(config.seed, 0))
-        build_model(model_name, dataset.input_shape, dataset.num_classes, config.pretrained_weights)
+        initial_model = model_factory()
     except (DataError, ModelError) as error:
         raise ConfigError(str(error)) from None
     echo(f"data: {dataset.source}")
-
-    def model_factory():
-        base = build_model(model_name, dataset.input_shape, dataset.num_classes, config.pretrained_weights)
-        return algorithm.wrap_model(base, hparams)
 
     budget = TrainingBudget(config.batch_size, config.local_epochs, config.local_steps)
     context = AlgorithmContext(model_factory=model_factory, budget=budget, seed=config.seed, task=dataset.task)
@@ -252,9 +253,8 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, progress: 
         domain_names=dataset.domain_names,
         task=dataset.task,
     )
-    torch.manual_seed(derive_seed(config.seed, 0))
     try:
-        federation.strategy.initialize(model_factory(), client_infos(federation, [p.domains for p in partitions]))
+        federation.strategy.initialize(initial_model, client_infos(federation, [p.domains for p in partitions]))
     except ValueError as error:
         raise ConfigError(str(error)) from None
 
