@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from fedbed.data import (
     resolve_data_root,
     split_leave_one_domain_out,
 )
+from fedbed.jsonlog import to_json
 from fedbed.seeding import derive_seed
 from fedbed.federation.engine import Federation, client_infos, run_rounds
 from fedbed.federation.evaluation import SELECTION_RULES, select_round
@@ -173,8 +173,9 @@ def _partitions(config: ExperimentConfig, split, pooled: bool):
     return partition_one_client_per_domain(split)
 
 
-RESUMABLE_CHANGES = {"rounds"}
-"""Settings that may differ between a run and its resumption."""
+RESUMABLE_CHANGES = {"rounds", "data_root"}
+"""Settings that may differ between a run and its resumption (where the data is read may move,
+as in :func:`fedbed.sweep.config_hash`)."""
 
 
 def prepare_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool, echo) -> None:
@@ -290,5 +291,5 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, progress: 
         "selection": {rule: select_round(evaluations, rule) for rule in SELECTION_RULES},
         "note": "accuracies in percent; 'oracle' selects the round by target accuracy and is not a valid DG estimate",
     }
-    (run_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2))
+    (run_dir / SUMMARY_NAME).write_text(to_json(summary, indent=2))
     return summary

@@ -185,6 +185,7 @@ class HypernetworkStrategy(ServerStrategy):
         )
         self.ema = ExponentialMovingAverage(self.hparams.ema_decay, self.hparams.ema_warmup_rounds)
         self.sent: dict[int, dict[str, torch.Tensor]] = {}
+        self.generation_seconds = 0.0
 
     def _redraw_embeddings(self, round_number: int) -> None:
         if self.hparams.embeddings == "random":
@@ -200,8 +201,10 @@ class HypernetworkStrategy(ServerStrategy):
         return {**{n: t.detach().clone() for n, t in self.hypernetwork(client).items()}, **copy.deepcopy(self.fixed)}
 
     def configure_round(self, round_number: int, selected: list[int]) -> dict[int, Payload]:
+        began = time.perf_counter()
         self._redraw_embeddings(round_number)
         self.sent = {client: self.generate(client) for client in selected}
+        self.generation_seconds = time.perf_counter() - began
         return {client: Payload(arrays={n: t.clone() for n, t in arrays.items()}) for client, arrays in self.sent.items()}
 
     def client_gradients(self, replies: dict[int, Reply]) -> tuple[list[int], torch.Tensor, torch.Tensor]:
@@ -247,7 +250,7 @@ class HypernetworkStrategy(ServerStrategy):
         self.optimizer.zero_grad(set_to_none=True)
         if self.hparams.use_ema:
             self.ema.update(list(self.hypernetwork.parameters()), round_number)
-        seconds = time.perf_counter() - began
+        seconds = time.perf_counter() - began + self.generation_seconds
         bytes_sent = {str(c): sum(t.numel() * t.element_size() for t in self.sent[c].values()) for c in order}
         bytes_received = {str(c): sum(t.numel() * t.element_size() for t in replies[c].arrays.values()) for c in order}
         losses = [r.metrics["loss"] for r in replies.values() if "loss" in r.metrics]

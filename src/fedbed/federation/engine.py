@@ -10,7 +10,6 @@ from ``(seed, r, k)``, so a run resumed from its checkpoint equals an uninterrup
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import ClientInfo, Payload, Reply
 from fedbed.federation.strategy import ClientTrainer, ServerStrategy
 from fedbed.gradients import alignment_telemetry, flatten
+from fedbed.jsonlog import to_json
 
 LOG_NAME = "rounds.jsonl"
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -103,14 +103,6 @@ def client_updates(payloads: dict[int, Payload], replies: dict[int, Reply]) -> t
         return None
     updates = torch.stack([flatten(replies[c].arrays, keys) - flatten(payloads[c].arrays, keys) for c in order])
     return order, updates
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    raise TypeError(f"cannot log {type(value).__name__}")
 
 
 def client_infos(federation: Federation, partitions_domains: list[tuple[int, ...]]) -> list[ClientInfo]:
@@ -217,6 +209,7 @@ def run_rounds(
         alignment = alignment_telemetry(updates[1], updates[0]) if updates is not None else None
         summary = federation.strategy.aggregate(round_number, replies)
         evaluation = None
+        evaluation_began = time.perf_counter()
         if eval_every and (round_number % eval_every == 0 or round_number == rounds):
             evaluation = {"round": round_number, **evaluate_models(
                 federation.strategy.evaluation_models(), federation.holdout, federation.target,
@@ -232,9 +225,10 @@ def run_rounds(
             "telemetry": summary.telemetry,
             "evaluation": evaluation,
             "seconds": time.perf_counter() - began,
+            "evaluation_seconds": time.perf_counter() - evaluation_began,
         }
         with log_path.open("a") as log:
-            log.write(json.dumps(record, default=_json_default) + "\n")
+            log.write(to_json(record) + "\n")
         _save_checkpoint(checkpoint_path, round_number, federation)
         postfix = {"loss": f"{summary.metrics.get('train_loss', float('nan')):.3f}"}
         if evaluations:

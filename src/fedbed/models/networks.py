@@ -200,7 +200,7 @@ def build_model(
         featurizer, dim = LeNet(channels), LeNet.feature_dim
     elif name == "hfedf_cnn":
         if (height, width) != (32, 32):
-            raise ModelError(f"hfedf_cnn takes 32x32 images (hFedF Table 9), got {height}x{width}; use --image-size 32")
+            raise ModelError(f"hfedf_cnn takes 32x32 images (hFedF Table 9), got {height}x{width}; set image_size: 32 in the --config file")
         featurizer, dim = HfedfCnn(channels), HfedfCnn.feature_dim
     elif name in ("resnet18", "resnet50"):
         featurizer, dim = _resnet(int(name[6:]), channels, pretrained_weights)
