@@ -1,6 +1,8 @@
 """The command line: bad input gives one line, exit code 2, no traceback, nothing written."""
 
+from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -43,6 +45,31 @@ def test_datasets_lists_where_data_was_found(shared_data):
     result = runner.invoke(app, ["datasets", "--data-root", str(shared_data)])
     assert result.exit_code == 0
     assert "packed" in result.output and "pacs_32.npz" in result.output and "mnist.npz" in result.output
+
+
+def test_data_prepare_packs_the_pacs_mini_folder_tree(shared_data, tmp_path):
+    if not (shared_data / "pacs-mini").is_dir():
+        pytest.skip(f"the PACS slice is not present at {shared_data / 'pacs-mini'}")
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "PACS").symlink_to(shared_data / "pacs-mini")  # the DomainBed layout: ROOT/PACS/<domain>/<class>/<image>
+    result = runner.invoke(app, ["data", "prepare", "pacs", "--size", "8", "--data-root", str(root)])
+    assert result.exit_code == 0, result.output
+    reported = [line.removeprefix("wrote ") for line in result.output.splitlines() if line.startswith("wrote ")]
+    assert reported == [str(root / "pacs" / "pacs_8.npz")]
+    with np.load(Path(reported[0])) as packed:
+        assert sorted(packed.files) == ["class_names", "domain_names", "domains", "images", "labels"]
+        assert packed["images"].shape == (224, 8, 8, 3) and packed["images"].dtype == np.uint8
+        assert np.bincount(packed["domains"]).tolist() == [56, 56, 56, 56] and len(packed["labels"]) == 224
+        assert packed["domain_names"].tolist() == ["art_painting", "cartoon", "photo", "sketch"]
+
+
+def test_data_prepare_unknown_dataset_is_one_line_exit_2(tmp_path):
+    result = runner.invoke(app, ["data", "prepare", "Foo", "--data-root", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "unknown dataset 'Foo'" in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_run_prints_the_table_and_resumes(tmp_path):

@@ -1,5 +1,7 @@
 """The shared gradient math and every update aggregator on hand-computed cases."""
 
+import math
+
 import pytest
 import torch
 
@@ -11,7 +13,10 @@ from fedbed.gradients import (
     alignment_telemetry,
     conflicting_pairs,
     cosine_matrix,
+    cosine_similarities,
+    gradalign_weights,
     gradient_masked_average_mask,
+    mean_pairwise_cosine,
     pcgrad_project,
     ppdg_align,
     sign_agreement,
@@ -93,6 +98,26 @@ def test_cosines_and_conflicts():
     assert conflicting_pairs(updates) == 1
     telemetry = alignment_telemetry(updates, [4, 5, 6, 7])
     assert telemetry["clients"] == [4, 5, 6, 7] and telemetry["update_norms"] == [1, 1, 0, 2]
+    # The six pairs above the diagonal: only (0, 1) is non-zero, at -1.
+    assert mean_pairwise_cosine(cos) == pytest.approx(-1 / 6)
+    assert mean_pairwise_cosine(torch.tensor(telemetry["cosine"])) == pytest.approx(-1 / 6)
+    assert mean_pairwise_cosine(T([1])) is None
+    # Against other vectors: (1,0)·(1,1)/√2, and the zero row and the zero column are 0.
+    against = cosine_similarities(updates, T([1, 1], [0, 0]))
+    assert against.shape == (4, 2) and against[0, 0] == pytest.approx(1 / math.sqrt(2)) and against[3, 0] == pytest.approx(1 / math.sqrt(2))
+    assert against[2].tolist() == [0, 0] and against[:, 1].tolist() == [0, 0, 0, 0]
+
+
+def test_gradalign_weights_by_hand():
+    gradients = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    # mean (2/3, 2/3): cosines 1/sqrt(2), 1/sqrt(2), 1
+    c = 1 / math.sqrt(2)
+    positive = torch.softmax(torch.tensor([c, c, 1.0], dtype=torch.float64), dim=0)
+    assert torch.allclose(gradalign_weights(gradients), positive)
+    assert torch.allclose(gradalign_weights(gradients, "positive"), torch.tensor([0.2994, 0.2994, 0.4013], dtype=torch.float64), atol=1e-4)
+    assert torch.allclose(gradalign_weights(gradients, "negative"), torch.tensor([0.3641, 0.3641, 0.2717], dtype=torch.float64), atol=1e-4)
+    zeros = gradalign_weights(torch.zeros(3, 4))
+    assert torch.allclose(zeros, torch.full((3,), 1 / 3, dtype=torch.float64))
 
 
 def aggregators():

@@ -1,7 +1,5 @@
 """hFedF and pFedHN: GradAlign, EMA warm-up, the server's vector-Jacobian products, payloads and the sign."""
 
-import math
-
 import pytest
 import torch
 from torch import nn
@@ -12,21 +10,8 @@ from fedbed.algorithms.hypernetwork import (
     HyperNetwork,
     HypernetworkStrategy,
     embedding_dimension,
-    gradalign_weights,
 )
 from fedbed.federation.messages import ClientInfo, Reply
-
-
-def test_gradalign_weights_by_hand():
-    gradients = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
-    # mean (2/3, 2/3): cosines 1/sqrt(2), 1/sqrt(2), 1
-    c = 1 / math.sqrt(2)
-    positive = torch.softmax(torch.tensor([c, c, 1.0], dtype=torch.float64), dim=0)
-    assert torch.allclose(gradalign_weights(gradients), positive)
-    assert torch.allclose(gradalign_weights(gradients, "positive"), torch.tensor([0.2994, 0.2994, 0.4013], dtype=torch.float64), atol=1e-4)
-    assert torch.allclose(gradalign_weights(gradients, "negative"), torch.tensor([0.3641, 0.3641, 0.2717], dtype=torch.float64), atol=1e-4)
-    zeros = gradalign_weights(torch.zeros(3, 4))
-    assert torch.allclose(zeros, torch.full((3,), 1 / 3, dtype=torch.float64))
 
 
 def test_ema_warm_up_by_hand():

@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 
 from fedbed.cli import app
 from fedbed.experiment import ExperimentConfig, run_experiment
+from fedbed.plots import plot_sweep
+from fedbed.results import query_rounds
 from fedbed.sweep import DONE_MARKER, SweepSpec, config_hash, expand, run_sweep
 
 runner = CliRunner()
@@ -84,7 +86,31 @@ def test_results_report_and_html(tmp_path):
     latex = runner.invoke(app, ["report", str(tmp_path), "--format", "latex", "--selection", "oracle"])
     assert "\\begin{tabular}" in latex.output and "oracle: reads the target" in latex.output
     page = html_path.read_text()
-    assert page.count("<table") == 3 and page.count("data:image/png;base64,") == 3
+    # Two accuracy curves (one per target), the per-domain bars and the alignment telemetry.
+    assert page.count("<table") == 3 and page.count("data:image/png;base64,") == 4
+    assert "<h3>alignment_over_rounds</h3>" in page
+
+    # The store's mean pairwise cosine is the mean over the pairs above the diagonal of the logged matrix.
+    log = next(tmp_path.glob("*/rounds.jsonl"))
+    record = json.loads(log.read_text().splitlines()[-1])
+    cosine = record["alignment"]["cosine"]
+    pairs = [cosine[i][j] for i in range(len(cosine)) for j in range(i + 1, len(cosine))]
+    with sqlite3.connect(tmp_path / "results.sqlite") as db:
+        stored = db.execute("SELECT mean_cosine, conflicting_pairs FROM rounds WHERE run = ? AND round = ?",
+                            (log.parent.name, record["round"])).fetchone()
+    assert stored == (pytest.approx(sum(pairs) / len(pairs)), record["alignment"]["conflicting_pairs"])
+    # A diverged update logs a null cosine (strict JSON): the mean is left null, the store still builds.
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    records[-1]["alignment"]["cosine"][0][1] = None
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    row = next(r for r in query_rounds(tmp_path) if r["run"] == log.parent.name and r["round"] == record["round"])
+    assert row["mean_cosine"] is None and row["conflicting_pairs"] == record["alignment"]["conflicting_pairs"]
+
+    # Without alignment telemetry in any run, the report leaves that plot out.
+    for log in tmp_path.glob("*/rounds.jsonl"):
+        records = [json.loads(line) for line in log.read_text().splitlines()]
+        log.write_text("".join(json.dumps({**r, "alignment": None}) + "\n" for r in records))
+    assert [p.name for p in plot_sweep(tmp_path)] == ["curve_0.png", "curve_15.png", "domains_train_domain_val.png"]
 
 
 def test_html_report_renders_in_headless_chromium(tmp_path):

@@ -58,8 +58,25 @@ def unflatten(vector: torch.Tensor, like: Mapping[str, torch.Tensor], keys: Sequ
     return out
 
 
+def cosine_similarities(vectors: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
+    """Cosine ``⟨a_k, b_m⟩ / (||a_k|| ||b_m||)`` of every row of ``vectors`` with every row of ``others``.
+
+    Args:
+        vectors: ``[K, P]``.
+        others: ``[M, P]``.
+
+    Returns:
+        ``[K, M]`` float64; an entry involving an all-zero vector is 0 (cosine undefined), so the
+        result is always finite.
+    """
+    vectors, others = vectors.to(torch.float64), others.to(torch.float64)
+    dots = vectors @ others.T
+    scale = torch.outer(vectors.norm(dim=1), others.norm(dim=1))
+    return torch.where(scale > 0, dots / torch.where(scale > 0, scale, torch.ones_like(scale)), torch.zeros_like(dots))
+
+
 def cosine_matrix(updates: torch.Tensor) -> torch.Tensor:
-    """Pairwise cosine similarities of K update vectors.
+    """Pairwise cosine similarities of K update vectors (:func:`cosine_similarities` of ``updates`` with itself).
 
     Args:
         updates: ``[K, P]``.
@@ -68,11 +85,40 @@ def cosine_matrix(updates: torch.Tensor) -> torch.Tensor:
         ``[K, K]`` float64; a row or column of an all-zero update is 0 (cosine undefined), so the
         result is always finite.
     """
-    updates = updates.to(torch.float64)
-    norms = updates.norm(dim=1)
-    gram = updates @ updates.T
-    scale = torch.outer(norms, norms)
-    return torch.where(scale > 0, gram / torch.where(scale > 0, scale, torch.ones_like(scale)), torch.zeros_like(gram))
+    return cosine_similarities(updates, updates)
+
+
+def mean_pairwise_cosine(cosine: torch.Tensor) -> float | None:
+    """Mean of the ``K(K−1)/2`` cosines above the diagonal of a cosine matrix, i.e. over the
+    unordered client pairs ``i < j``.
+
+    Args:
+        cosine: ``[K, K]``, e.g. :func:`cosine_matrix` or the ``"cosine"`` of :func:`alignment_telemetry`.
+
+    Returns:
+        The mean, or ``None`` for ``K < 2`` (no pair).
+    """
+    count = cosine.shape[0]
+    if count < 2:
+        return None
+    rows, columns = torch.triu_indices(count, count, offset=1)
+    return float(cosine.to(torch.float64)[rows, columns].mean())
+
+
+def gradalign_weights(gradients: torch.Tensor, softmax_sign: str = "positive") -> torch.Tensor:
+    """GradAlign (hFedF Algorithm 3): softmax of each gradient's cosine with the mean gradient.
+
+    Args:
+        gradients: ``[K, P]``, one flattened gradient per client.
+        softmax_sign: ``"positive"`` — ``softmax(γ)`` as Algorithm 3; ``"negative"`` —
+            ``softmax(−γ)`` as the text of Sec. 4.2.
+
+    Returns:
+        ``[K]`` float64 weights summing to 1; a zero gradient (or a zero mean) has cosine 0.
+    """
+    gradients = gradients.to(torch.float64)
+    cosines = cosine_similarities(gradients, gradients.mean(dim=0, keepdim=True))[:, 0]
+    return torch.softmax(cosines if softmax_sign == "positive" else -cosines, dim=0)
 
 
 def conflicting_pairs(updates: torch.Tensor) -> int:

@@ -1,4 +1,5 @@
-"""Plots of a run's alignment telemetry (in the spirit of hFedF Fig. 5a and FedGaLA Fig. 2b)."""
+"""Plots of a run's alignment telemetry (in the spirit of hFedF Fig. 5a and FedGaLA Fig. 2b) and of a
+sweep (accuracy curves, per-domain bars and the alignment telemetry across runs)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fedbed.federation.engine import LOG_NAME  # noqa: E402
 
@@ -129,12 +131,38 @@ def plot_alignment(run_dir: Path, max_heatmaps: int = 16) -> list[Path]:
     return written
 
 
+def _mean_std_by_round(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float], list[float]]:
+    """Rounds, and per round the mean and sample std (0 for a single value) of ``row[key]`` over
+    ``rows`` (rows of :func:`fedbed.results.query_rounds`); null values are left out."""
+    import statistics
+
+    by_round: dict[int, list[float]] = {}
+    for row in rows:
+        if row[key] is not None:
+            by_round.setdefault(row["round"], []).append(row[key])
+    rounds = sorted(by_round)
+    means = [statistics.fmean(by_round[r]) for r in rounds]
+    spreads = [statistics.stdev(by_round[r]) if len(by_round[r]) > 1 else 0.0 for r in rounds]
+    return rounds, means, spreads
+
+
+def _plot_mean_band(axis, rows: list[dict[str, Any]], key: str, label: str) -> None:
+    """One line of ``row[key]`` vs round (mean over ``rows``) with a band of ± one std."""
+    rounds, means, spreads = _mean_std_by_round(rows, key)
+    axis.plot(rounds, means, label=label)
+    axis.fill_between(rounds, [m - s for m, s in zip(means, spreads)], [m + s for m, s in zip(means, spreads)], alpha=0.2)
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def plot_sweep(sweep_dir: Path, selection: str = "train_domain_val") -> list[Path]:
     """Write a sweep's plots into ``sweep_dir/plots/``.
 
     Files: ``curve_<target>.png`` (ood and id accuracy vs round per label, mean over seeds with a
-    band of ± one std) and ``domains_<selection>.png`` (per-domain id and ood accuracy per label
-    under ``selection``, mean over seeds and targets).
+    band of ± one std), ``domains_<selection>.png`` (per-domain id and ood accuracy per label
+    under ``selection``, mean over seeds and targets) and, when any run logged alignment
+    telemetry, ``alignment_over_rounds.png`` (per label, the mean pairwise cosine of the client
+    updates and the number of conflicting pairs ``⟨Δθ_i, Δθ_j⟩ < 0`` vs round, mean over targets
+    and seeds with a band of ± one std; the sweep-wide view of :func:`plot_alignment`).
 
     Returns:
         The paths written.
@@ -147,20 +175,14 @@ def plot_sweep(sweep_dir: Path, selection: str = "train_domain_val") -> list[Pat
     out = sweep_dir / "plots"
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    rows = [r for r in query_rounds(sweep_dir) if r["ood_mean"] is not None]
+    all_rows = query_rounds(sweep_dir)
+    rows = [r for r in all_rows if r["ood_mean"] is not None]
     for target in sorted({r["target"] for r in rows}, key=lambda t: (len(t), t)):
         figure, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharex=True)
         for label in sorted({r["label"] for r in rows if r["target"] == target}):
+            runs = [r for r in rows if r["target"] == target and r["label"] == label]
             for axis, key in zip(axes, ("ood_mean", "id_mean")):
-                by_round: dict[int, list[float]] = {}
-                for r in rows:
-                    if r["target"] == target and r["label"] == label:
-                        by_round.setdefault(r["round"], []).append(r[key])
-                xs = sorted(by_round)
-                means = [statistics.fmean(by_round[x]) for x in xs]
-                spreads = [statistics.stdev(by_round[x]) if len(by_round[x]) > 1 else 0.0 for x in xs]
-                axis.plot(xs, means, label=label)
-                axis.fill_between(xs, [m - s for m, s in zip(means, spreads)], [m + s for m, s in zip(means, spreads)], alpha=0.2)
+                _plot_mean_band(axis, runs, key, label)
         axes[0].set_title(f"ood (target {target})")
         axes[1].set_title("id (source holdouts)")
         for axis in axes:
@@ -193,4 +215,23 @@ def plot_sweep(sweep_dir: Path, selection: str = "train_domain_val") -> list[Pat
     figure.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(figure)
     written.append(path)
+
+    aligned = [r for r in all_rows if r["conflicting_pairs"] is not None]
+    if aligned:
+        figure, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharex=True)
+        for label in sorted({r["label"] for r in aligned}):
+            runs = [r for r in aligned if r["label"] == label]
+            for axis, key in zip(axes, ("mean_cosine", "conflicting_pairs")):
+                _plot_mean_band(axis, runs, key, label)
+        figure.suptitle("alignment of the client updates, mean ± std over targets and seeds")
+        axes[0].set_ylabel("mean pairwise cosine")
+        axes[0].axhline(0, color="grey", linewidth=0.8)
+        axes[1].set_ylabel(r"conflicting pairs $\langle\Delta\theta_i, \Delta\theta_j\rangle < 0$")
+        for axis in axes:
+            axis.set_xlabel("round")
+        axes[0].legend(fontsize="small")
+        path = out / "alignment_over_rounds.png"
+        figure.savefig(path, dpi=100, bbox_inches="tight")
+        plt.close(figure)
+        written.append(path)
     return written

@@ -7,7 +7,9 @@ Tables:
   ``seed``, ``hp`` (JSON), ``done`` (0/1), and for each model-selection rule ``<rule>_round``,
   ``<rule>_id`` and ``<rule>_ood`` (``oracle_*`` read the target domain).
 - ``rounds``: one row per logged round — ``run``, ``round``, ``train_loss``, ``id_mean``,
-  ``ood_mean`` (null where not evaluated), ``conflicting_pairs``.
+  ``ood_mean`` (null where not evaluated), ``conflicting_pairs`` and ``mean_cosine`` (the mean
+  pairwise cosine of the client updates, :func:`fedbed.gradients.mean_pairwise_cosine`; both null
+  where the round logged no alignment telemetry).
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from fedbed.experiment import CONFIG_NAME, SUMMARY_NAME
 from fedbed.federation.engine import LOG_NAME
 from fedbed.federation.evaluation import SELECTION_RULES
+from fedbed.gradients import mean_pairwise_cosine
 
 STORE_NAME = "results.sqlite"
 RUN_COLUMNS = ("run", "dataset", "algorithm", "label", "target", "seed", "hp", "done") + tuple(
@@ -49,6 +53,16 @@ def run_label(algorithm: str, hp: dict[str, Any], varied: list[str]) -> str:
     return f"{algorithm}(" + ", ".join(f"{k}={hp.get(k)}" for k in varied) + ")"
 
 
+def logged_mean_cosine(alignment: dict[str, Any]) -> float | None:
+    """The mean pairwise cosine (:func:`fedbed.gradients.mean_pairwise_cosine`) of a round's logged
+    ``alignment`` record; ``None`` without a cosine matrix, for a single client, or where an entry
+    is null (a non-finite cosine of a diverged update, see :mod:`fedbed.jsonlog`)."""
+    cosine = alignment.get("cosine")
+    if not cosine or any(value is None for row in cosine for value in row):
+        return None
+    return mean_pairwise_cosine(torch.tensor(cosine, dtype=torch.float64))
+
+
 def index_runs(sweep_dir: Path) -> Path:
     """(Re)build ``sweep_dir/results.sqlite`` from every run directory below ``sweep_dir``.
 
@@ -67,7 +81,7 @@ def index_runs(sweep_dir: Path) -> Path:
     partial.unlink(missing_ok=True)
     with sqlite3.connect(partial) as db:
         db.execute(f"CREATE TABLE runs ({', '.join(RUN_COLUMNS)})")
-        db.execute("CREATE TABLE rounds (run, round, train_loss, id_mean, ood_mean, conflicting_pairs)")
+        db.execute("CREATE TABLE rounds (run, round, train_loss, id_mean, ood_mean, conflicting_pairs, mean_cosine)")
         for config_path in configs:
             run_dir = config_path.parent
             name = run_dir.relative_to(sweep_dir).as_posix()
@@ -91,10 +105,11 @@ def index_runs(sweep_dir: Path) -> Path:
             for line in log.read_text().splitlines() if log.exists() else []:
                 record = json.loads(line)
                 evaluation = record.get("evaluation") or {}
+                alignment = record.get("alignment") or {}
                 db.execute(
-                    "INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (name, record["round"], record["metrics"].get("train_loss"), evaluation.get("id_mean"),
-                     evaluation.get("ood_mean"), (record.get("alignment") or {}).get("conflicting_pairs")),
+                     evaluation.get("ood_mean"), alignment.get("conflicting_pairs"), logged_mean_cosine(alignment)),
                 )
     partial.replace(store)
     return store

@@ -42,6 +42,7 @@ from fedbed.algorithms.local_training import LocalTrainingHyperparameters, Super
 from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
 from fedbed.federation.strategy import ServerStrategy
+from fedbed.gradients import gradalign_weights
 from fedbed.seeding import seeded_generator
 
 
@@ -90,24 +91,6 @@ class HyperNetwork(nn.Module):
     def body_parameters(self) -> list[nn.Parameter]:
         """θ: every parameter except the embedding table."""
         return [p for name, p in self.named_parameters() if not name.startswith("embeddings.")]
-
-
-def gradalign_weights(gradients: torch.Tensor, softmax_sign: str = "positive") -> torch.Tensor:
-    """GradAlign (hFedF Algorithm 3): softmax of each gradient's cosine with the mean gradient.
-
-    Args:
-        gradients: ``[K, P]``, one flattened gradient per client.
-        softmax_sign: ``"positive"`` — ``softmax(γ)`` as Algorithm 3; ``"negative"`` —
-            ``softmax(−γ)`` as the text of Sec. 4.2.
-
-    Returns:
-        ``[K]`` float64 weights summing to 1; a zero gradient (or a zero mean) has cosine 0.
-    """
-    gradients = gradients.to(torch.float64)
-    mean = gradients.mean(dim=0)
-    norms = gradients.norm(dim=1) * mean.norm()
-    cosines = torch.where(norms > 0, (gradients @ mean) / torch.where(norms > 0, norms, torch.ones_like(norms)), torch.zeros_like(norms))
-    return torch.softmax(cosines if softmax_sign == "positive" else -cosines, dim=0)
 
 
 class ExponentialMovingAverage:
@@ -332,4 +315,4 @@ class PFedHN(HFedF):
     }
 
 
-__all__ = ["HFedF", "HyperNetwork", "HypernetworkStrategy", "PFedHN", "gradalign_weights"]
+__all__ = ["HFedF", "HyperNetwork", "HypernetworkStrategy", "PFedHN"]
