@@ -24,6 +24,7 @@ from fedbed.algorithms.local_training import make_optimizer
 from fedbed.data import load_dataset, split_leave_one_domain_out
 from fedbed.seeding import derive_seed
 from fedbed.federation.engine import Federation, run_rounds
+from fedbed.federation.transport import InProcessClients
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import ClientInfo
 from fedbed.models import build_model
@@ -43,8 +44,9 @@ def time_engine(clients, factory) -> float:
     algorithm = get_algorithm("fedavg")
     hparams = algorithm.hyperparameters()
     context = AlgorithmContext(factory, TrainingBudget(batch_size=BATCH, local_epochs=1), SEED)
-    federation = Federation(algorithm.create_strategy(hparams, context), algorithm.create_trainer(hparams, context),
-                            clients, holdout={}, target={}, domain_names=())
+    federation = Federation(algorithm.create_strategy(hparams, context),
+                            InProcessClients(algorithm.create_trainer(hparams, context), clients),
+                            holdout={}, target={}, domain_names=())
     torch.manual_seed(SEED)
     federation.strategy.initialize(factory(), [ClientInfo(k, len(c), (k,)) for k, c in enumerate(clients)])
     with tempfile.TemporaryDirectory() as run_dir:

@@ -13,6 +13,7 @@ from fedbed.algorithms.registry import AlgorithmContext, TrainingBudget
 from fedbed.data import partition_one_client_per_domain, split_leave_one_domain_out
 from fedbed.data.base import DomainDataset
 from fedbed.federation.engine import Federation, client_infos
+from fedbed.federation.transport import InProcessClients
 from fedbed.federation.local_data import ClientData
 from fedbed.models import build_model
 
@@ -71,13 +72,15 @@ def build_federation(dataset=None, target="d3", algorithm="fedavg", trainer_clas
     context = AlgorithmContext(factory, TrainingBudget(batch_size=batch_size, local_epochs=1), seed=0, task=dataset.task)
     federation = Federation(
         strategy=spec.create_strategy(hparams, context),
-        trainer=(trainer_class or type(spec.create_trainer(hparams, context)))(hparams, context),
-        clients=[ClientData.from_dataset(dataset, p.indices) for p in partitions],
+        clients=InProcessClients(
+            (trainer_class or type(spec.create_trainer(hparams, context)))(hparams, context),
+            [ClientData.from_dataset(dataset, p.indices) for p in partitions],
+        ),
         holdout={d: ClientData.from_dataset(dataset, i) for d, i in split.holdout.items()},
         target={d: ClientData.from_dataset(dataset, dataset.indices_of_domain(d)) for d in split.target_domains},
         domain_names=dataset.domain_names,
         task=dataset.task,
     )
     torch.manual_seed(1)
-    federation.strategy.initialize(factory(), client_infos(federation, [p.domains for p in partitions]))
+    federation.strategy.initialize(factory(), client_infos(partitions))
     return federation

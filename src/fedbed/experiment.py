@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,6 +31,7 @@ from fedbed.seeding import derive_seed
 from fedbed.federation.engine import Federation, client_infos, run_rounds
 from fedbed.federation.evaluation import SELECTION_RULES, select_round
 from fedbed.federation.local_data import ClientData
+from fedbed.federation.transport import ClientTransport, InProcessClients
 from fedbed.models import MODELS, ModelError, build_model
 
 CONFIG_NAME = "config.yaml"
@@ -209,16 +212,76 @@ def prepare_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool, echo)
     run_dir.mkdir(parents=True, exist_ok=True)
 
 
-def run_experiment(config: ExperimentConfig, *, resume: bool = False, progress: bool = True, echo=print) -> dict[str, Any]:
-    """Train and evaluate one leave-one-domain-out run; write its run directory; return the summary.
+@dataclass
+class BuiltRun:
+    """One run's pieces, built from its :class:`ExperimentConfig` the same way on every machine
+    (the seed fixes the split, the partitions and the initial model), so the server and each
+    Flower site can build their own part.
 
-    The run directory holds ``config.yaml`` (resolved), ``rounds.jsonl`` (one line per round),
-    ``checkpoint.pt`` (latest round) and ``summary.json`` (model selection by ``last``,
-    ``train_domain_val`` and ``oracle``, the last labelled as such).
+    Attributes:
+        config: the validated settings.
+        algorithm: the registered method.
+        hparams: its resolved hyperparameters.
+        dataset: the loaded dataset.
+        split: the leave-one-domain-out split (target vs sources, id holdouts).
+        partitions: one per client: ``indices`` [n_k] into ``dataset`` and ``domains``.
+        ood_indices: ``int64 [m]`` target samples for ood evaluation (few-shot samples removed).
+        model_name: the model actually built.
+        context: what the method's halves are created with.
+        initial_model: the freshly initialised model (seeded), handed to the strategy.
+    """
+
+    config: ExperimentConfig
+    algorithm: Any
+    hparams: Any
+    dataset: Any
+    split: Any
+    partitions: list[Any]
+    ood_indices: torch.Tensor
+    model_name: str
+    context: AlgorithmContext
+    initial_model: torch.nn.Module
+
+    def client_data(self, client: int) -> ClientData:
+        """Training data of one client (only its partition)."""
+        return ClientData.from_dataset(self.dataset, self.partitions[client].indices)
+
+    def trainer(self):
+        """A new instance of the method's client half."""
+        return self.algorithm.create_trainer(self.hparams, self.context)
+
+    def federation(self, clients: ClientTransport) -> Federation:
+        """The server side: the strategy (initialised with the initial model and the clients'
+        sizes and domains), the evaluation sets, and ``clients`` as the way to reach them.
+
+        Raises:
+            ConfigError: the strategy refuses the model or the clients (e.g. BatchNorm for a
+                hypernetwork).
+        """
+        dataset, split = self.dataset, self.split
+        federation = Federation(
+            strategy=self.algorithm.create_strategy(self.hparams, self.context),
+            clients=clients,
+            holdout={d: ClientData.from_dataset(dataset, idx) for d, idx in split.holdout.items()},
+            target={
+                d: ClientData.from_dataset(dataset, self.ood_indices[dataset.domains[self.ood_indices] == d])
+                for d in split.target_domains
+            },
+            domain_names=dataset.domain_names,
+            task=dataset.task,
+        )
+        try:
+            federation.strategy.initialize(copy.deepcopy(self.initial_model), client_infos(self.partitions))
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        return federation
+
+
+def build_run(config: ExperimentConfig) -> BuiltRun:
+    """Validate ``config``, load the data, split, partition and build the initial model.
 
     Raises:
         ConfigError: invalid settings, data that cannot be found or read, a model that does not fit.
-        fedbed.federation.engine.EngineError: a round in which every client failed.
     """
     validate(config)
     algorithm = get_algorithm(config.algorithm)
@@ -241,31 +304,46 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, progress: 
         initial_model = model_factory()
     except (DataError, ModelError) as error:
         raise ConfigError(str(error)) from None
-    echo(f"data: {dataset.source}")
-
     budget = TrainingBudget(config.batch_size, config.local_epochs, config.local_steps)
     context = AlgorithmContext(model_factory=model_factory, budget=budget, seed=config.seed, task=dataset.task)
-    federation = Federation(
-        strategy=algorithm.create_strategy(hparams, context),
-        trainer=algorithm.create_trainer(hparams, context),
-        clients=[ClientData.from_dataset(dataset, p.indices) for p in partitions],
-        holdout={d: ClientData.from_dataset(dataset, idx) for d, idx in split.holdout.items()},
-        target={d: ClientData.from_dataset(dataset, ood_indices[dataset.domains[ood_indices] == d]) for d in split.target_domains},
-        domain_names=dataset.domain_names,
-        task=dataset.task,
-    )
-    try:
-        federation.strategy.initialize(initial_model, client_infos(federation, [p.domains for p in partitions]))
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
+    return BuiltRun(config, algorithm, hparams, dataset, split, partitions, ood_indices, model_name, context, initial_model)
 
+
+def run_experiment(config: ExperimentConfig, *, resume: bool = False, progress: bool = True, echo=print) -> dict[str, Any]:
+    """Train and evaluate one leave-one-domain-out run in this process; write its run directory;
+    return the summary.
+
+    The run directory holds ``config.yaml`` (resolved), ``rounds.jsonl`` (one line per round),
+    ``checkpoint.pt`` (latest round) and ``summary.json`` (model selection by ``last``,
+    ``train_domain_val`` and ``oracle``, the last labelled as such).
+
+    Raises:
+        ConfigError: invalid settings, data that cannot be found or read, a model that does not fit.
+        fedbed.federation.engine.EngineError: a round in which every client failed.
+    """
+    built = build_run(config)
+    clients = InProcessClients(built.trainer(), [built.client_data(k) for k in range(len(built.partitions))])
+    return execute_run(built, built.federation(clients), resume=resume, progress=progress, echo=echo)
+
+
+def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False, progress: bool = True, echo=print,
+                backend: str = "in-process") -> dict[str, Any]:
+    """Run the rounds of a built run over ``federation`` (whatever transport reaches its
+    clients), write the run directory and return the summary (see :func:`run_experiment`).
+
+    Raises:
+        ConfigError: a run directory that cannot be used or resumed.
+        fedbed.federation.engine.EngineError: a round in which every client failed.
+    """
+    config, dataset, partitions = built.config, built.dataset, built.partitions
+    echo(f"data: {dataset.source}")
     run_dir = config.resolved_run_dir()
-    resolved = {**config.model_dump(mode="json"), "model": model_name, "hp": hparams.model_dump(mode="json")}
+    resolved = {**config.model_dump(mode="json"), "model": built.model_name, "hp": built.hparams.model_dump(mode="json")}
     prepare_run_dir(run_dir, resolved, resume, echo)
     (run_dir / CONFIG_NAME).write_text(yaml.safe_dump(resolved, sort_keys=False))
     echo(
-        f"{algorithm.name} on {spec.name}, target {config.target}: {len(partitions)} client(s) "
-        f"holding {[[dataset.domain_names[d] for d in p.domains] for p in partitions]}, run dir {run_dir}"
+        f"{built.algorithm.name} on {dataset.name}, target {config.target}: {len(partitions)} client(s) "
+        f"holding {[[dataset.domain_names[d] for d in p.domains] for p in partitions]}, run dir {run_dir}, backend {backend}"
     )
     began = time.perf_counter()
     evaluations = run_rounds(
@@ -279,13 +357,14 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, progress: 
         progress=progress,
     )
     summary = {
-        "dataset": spec.name,
+        "dataset": dataset.name,
         "data_source": dataset.source,
-        "algorithm": algorithm.name,
-        "hp": hparams.model_dump(mode="json"),
+        "algorithm": built.algorithm.name,
+        "hp": built.hparams.model_dump(mode="json"),
         "target": config.target,
         "seed": config.seed,
         "rounds": config.rounds,
+        "backend": backend,
         "clients": [[dataset.domain_names[d] for d in p.domains] for p in partitions],
         "wall_seconds": time.perf_counter() - began,
         "selection": {rule: select_round(evaluations, rule) for rule in SELECTION_RULES},

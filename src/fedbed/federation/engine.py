@@ -1,7 +1,8 @@
-"""The in-process federated simulation: rounds, checkpoints, the per-round log, evaluation.
+"""The federated engine: rounds, checkpoints, the per-round log, evaluation.
 
-One round: sample clients -> ``configure_round`` -> each selected client's ``fit`` (one after
-another, in this process) -> reply checks -> alignment telemetry of the client updates (for
+One round: sample clients -> ``configure_round`` -> each selected client's ``fit`` through a
+:class:`~fedbed.federation.transport.ClientTransport` (in this process one after another, or on
+Flower) -> reply checks -> alignment telemetry of the client updates (for
 every method: pairwise cosines, conflicting pairs, norms) -> ``aggregate`` -> evaluation every
 ``eval_every`` rounds -> one JSONL line -> checkpoint. Every random draw of round ``r`` on client ``k`` is seeded
 from ``(seed, r, k)``, so a run resumed from its checkpoint equals an uninterrupted one.
@@ -12,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,8 @@ from fedbed.seeding import derive_seed
 from fedbed.federation.evaluation import evaluate_models
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import ClientInfo, Payload, Reply
-from fedbed.federation.strategy import ClientTrainer, ServerStrategy
+from fedbed.federation.strategy import ServerStrategy
+from fedbed.federation.transport import ClientTransport
 from fedbed.gradients import alignment_telemetry, flatten
 from fedbed.jsonlog import to_json
 
@@ -42,27 +45,19 @@ class Federation:
 
     Attributes:
         strategy: the server half of the method, already initialised.
-        trainer: the client half (one instance, reused by every simulated client).
-        clients: training data per client id (index = client id).
+        clients: where the clients run (:class:`InProcessClients` or a Flower transport).
         holdout: source domain id -> id-validation samples.
         target: target domain id -> ood samples (evaluation only).
         domain_names: names of all domains of the dataset.
-        client_states: persistent per-client dicts (see :meth:`ClientTrainer.fit`).
         task: ``"classification"`` or ``"regression"`` (decides the evaluation metric).
     """
 
     strategy: ServerStrategy
-    trainer: ClientTrainer
-    clients: list[ClientData]
+    clients: ClientTransport
     holdout: dict[int, ClientData]
     target: dict[int, ClientData]
     domain_names: tuple[str, ...]
-    client_states: list[dict[str, Any]] = field(default_factory=list)
     task: str = "classification"
-
-    def __post_init__(self) -> None:
-        if not self.client_states:
-            self.client_states = [{} for _ in self.clients]
 
 
 def check_reply(reply: Reply, expected: dict[str, torch.Tensor]) -> str | None:
@@ -105,9 +100,9 @@ def client_updates(payloads: dict[int, Payload], replies: dict[int, Reply]) -> t
     return order, updates
 
 
-def client_infos(federation: Federation, partitions_domains: list[tuple[int, ...]]) -> list[ClientInfo]:
-    """:class:`ClientInfo` of every client, from its data size and domains."""
-    return [ClientInfo(k, len(data), doms) for k, (data, doms) in enumerate(zip(federation.clients, partitions_domains))]
+def client_infos(partitions: Sequence[Any]) -> list[ClientInfo]:
+    """:class:`ClientInfo` of every client from its partition (``indices`` [n_k] and ``domains``)."""
+    return [ClientInfo(k, int(len(p.indices)), tuple(p.domains)) for k, p in enumerate(partitions)]
 
 
 def _complete_lines(log_path: Path) -> list[str]:
@@ -128,7 +123,7 @@ def _save_checkpoint(path: Path, round_number: int, federation: Federation) -> N
         {
             "round": round_number,
             "strategy": federation.strategy.state_dict(),
-            "client_states": federation.client_states,
+            "client_states": federation.clients.state_dict(),
         },
         partial,
     )
@@ -172,7 +167,7 @@ def run_rounds(
             raise EngineError(f"cannot resume: {checkpoint_path} does not exist; run without --resume")
         checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
         federation.strategy.load_state_dict(checkpoint["strategy"])
-        federation.client_states = checkpoint["client_states"]
+        federation.clients.load_state_dict(checkpoint["client_states"])
         start = checkpoint["round"] + 1
         kept = [line for line in _complete_lines(log_path) if json.loads(line)["round"] < start]
         log_path.write_text("".join(line + "\n" for line in kept))
@@ -184,23 +179,16 @@ def run_rounds(
     bar = tqdm(range(start, rounds + 1), desc="round", disable=not progress, initial=start - 1, total=rounds)
     for round_number in bar:
         began = time.perf_counter()
-        selected = sample_clients(len(federation.clients), participation_fraction, seed, round_number)
+        selected = sample_clients(federation.clients.num_clients, participation_fraction, seed, round_number)
         payloads = federation.strategy.configure_round(round_number, selected)
+        for client in selected:
+            payloads[client].config.update({"round": round_number, "batch_seed": derive_seed(seed, round_number, client)})
         replies: dict[int, Reply] = {}
         dropped: dict[str, str] = {}
-        for client in selected:
-            payload = payloads[client]
-            client_seed = derive_seed(seed, round_number, client)
-            payload.config.update({"round": round_number, "batch_seed": client_seed})
-            torch.manual_seed(client_seed)
-            try:
-                reply = federation.trainer.fit(payload, federation.clients[client], federation.client_states[client])
-            except Exception as error:  # a failing client is dropped from the round, never fatal
-                dropped[str(client)] = f"raised {type(error).__name__}: {error}"
-                continue
-            reason = check_reply(reply, payload.arrays)
+        for client, outcome in sorted(federation.clients.fit_round({c: payloads[c] for c in selected}).items()):
+            reason = outcome if isinstance(outcome, str) else check_reply(outcome, payloads[client].arrays)
             if reason is None:
-                replies[client] = reply
+                replies[client] = outcome
             else:
                 dropped[str(client)] = reason
         if not replies:

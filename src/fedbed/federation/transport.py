@@ -1,0 +1,100 @@
+"""Where the clients run: the boundary between the engine's rounds and the clients' training.
+
+The engine decides what each selected client receives (``ServerStrategy.configure_round``) and
+what to do with the replies (``aggregate``); a :class:`ClientTransport` only carries payloads
+to the clients and replies back. :class:`InProcessClients` runs every client one after another
+in this process (the default); ``fedbed.flower`` carries the same payloads as Flower messages
+to ClientApps on Flower's simulation engine or on real SuperNodes. Both call :func:`fit_client`,
+so a client computes the same reply wherever it runs.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fedbed.federation.local_data import ClientData
+from fedbed.federation.messages import Payload, Reply
+from fedbed.federation.strategy import ClientTrainer
+
+
+def fit_client(trainer: ClientTrainer, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
+    """One client's local training for one round, seeded from ``payload.config["batch_seed"]``.
+
+    The engine puts ``round`` and ``batch_seed`` (derived from the run's seed, the round and the
+    client id) into every payload's config; seeding torch's global generator from it makes
+    dropout and any other global draw of the client reproducible wherever the client runs.
+
+    Raises:
+        KeyError: the payload carries no ``batch_seed`` (it did not come from the engine).
+        Exception: whatever the trainer raises (the engine drops the client for the round).
+    """
+    torch.manual_seed(int(payload.config["batch_seed"]))
+    return trainer.fit(payload, data, state)
+
+
+class ClientTransport(ABC):
+    """Carries one round's payloads to the selected clients and their replies back."""
+
+    @property
+    @abstractmethod
+    def num_clients(self) -> int:
+        """How many clients the federation has (client ids are ``0 .. num_clients - 1``)."""
+
+    @abstractmethod
+    def fit_round(self, payloads: dict[int, Payload]) -> dict[int, Reply | str]:
+        """Run ``fit`` on every client of ``payloads``.
+
+        Returns:
+            Per client id, its :class:`Reply`, or a one-line reason why there is none (the
+            client raised, its node was lost, it timed out); the engine drops those clients.
+        """
+
+    def state_dict(self) -> Any:
+        """The clients' persistent states for a checkpoint, or ``None`` where they live on the
+        clients' own machines."""
+        return None
+
+    def load_state_dict(self, state: Any) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+@dataclass
+class InProcessClients(ClientTransport):
+    """Every client in this process, one after another.
+
+    Attributes:
+        trainer: the client half of the method (one instance, reused by every client).
+        data: training data per client id (index = client id).
+        states: persistent per-client dicts (see :meth:`ClientTrainer.fit`), checkpointed.
+    """
+
+    trainer: ClientTrainer
+    data: list[ClientData]
+    states: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.states:
+            self.states = [{} for _ in self.data]
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.data)
+
+    def fit_round(self, payloads: dict[int, Payload]) -> dict[int, Reply | str]:
+        outcomes: dict[int, Reply | str] = {}
+        for client, payload in payloads.items():
+            try:
+                outcomes[client] = fit_client(self.trainer, payload, self.data[client], self.states[client])
+            except Exception as error:  # a failing client is dropped from the round, never fatal
+                outcomes[client] = f"raised {type(error).__name__}: {error}"
+        return outcomes
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        return self.states
+
+    def load_state_dict(self, state: list[dict[str, Any]]) -> None:
+        self.states = state
