@@ -1,0 +1,7 @@
+"""FedBed on Flower: any registered method on Flower's simulation engine or real SuperNodes.
+
+``records`` maps :class:`~fedbed.federation.messages.Payload` / ``Reply`` to Flower's records;
+``apps`` holds the ServerApp and ClientApp that drive any ServerStrategy / ClientTrainer;
+``launch`` runs a job on Flower's simulation engine (``flower-sim``) or on a SuperLink with one
+SuperNode per client on this machine (``flower-deployment``).
+"""

@@ -1,0 +1,214 @@
+"""The Flower ServerApp and ClientApp that run any registered FedBed method.
+
+The ServerApp builds the run from its :class:`~fedbed.experiment.ExperimentConfig` (the seed fixes
+split, partitions and initial model) and drives the ordinary engine
+(:func:`fedbed.experiment.execute_run`) with :class:`FlowerClients` as its transport: each
+round, every selected client gets its own message (``dst_node_id``), so methods that send
+different arrays to different clients (hFedF, pFedHN) work unchanged. Evaluation (id holdouts
+and the target domain) runs on the server, as Flower's centralised evaluation.
+
+Each ClientApp is one FedBed client: its id is the ``partition-id`` of its node's
+``node_config``; it builds only its own partition's training data from its own data root and
+keeps its persistent client state (SCAFFOLD's control variate, FedSR's priors, ...) in
+``context.state``, which never leaves the node. Messages carry only parameters and scalar
+metrics (:mod:`fedbed.flower.records`).
+
+The experiment config reaches the apps as JSON: through a closure for the simulation engine
+(:func:`make_apps`), through the run config key ``fedbed-config`` for ``flwr run``
+(the module-level ``server_app`` and ``client_app``).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import time
+from typing import Any, Callable
+
+import torch
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from fedbed.experiment import BuiltRun, ExperimentConfig, build_run, execute_run
+from fedbed.federation.messages import Payload, Reply
+from fedbed.federation.transport import ClientTransport, fit_client
+from fedbed.flower.records import payload_from_records, payload_to_records, reply_from_records, reply_to_records
+
+CONFIG_KEY = "fedbed-config"
+"""Run-config key holding the experiment config as JSON (``flwr run``)."""
+BACKEND_KEY = "fedbed-backend"
+"""Run-config key naming the backend in the run's summary."""
+STATE_RECORD = "fedbed-client-state"
+PARTITION_ID = "partition-id"
+
+
+class FlowerError(RuntimeError):
+    """Raised when the federation cannot run: nodes missing, a node without ``partition-id``."""
+
+
+@functools.lru_cache(maxsize=2)
+def _built(config_json: str) -> BuiltRun:
+    """The run built once per process (a SuperNode's ClientApp is called every round)."""
+    return build_run(ExperimentConfig.model_validate_json(config_json))
+
+
+@functools.lru_cache(maxsize=8)
+def _client(config_json: str, client: int) -> tuple[Any, Any]:
+    built = _built(config_json)
+    if not 0 <= client < len(built.partitions):
+        raise FlowerError(f"partition-id {client} is out of range: this run has {len(built.partitions)} clients (0..{len(built.partitions) - 1})")
+    return built.trainer(), built.client_data(client)
+
+
+def client_id_of(context: Context) -> int:
+    """The FedBed client id of a node: its ``node_config["partition-id"]``.
+
+    Raises:
+        FlowerError: the node was started without ``--node-config "partition-id=K"``.
+    """
+    if PARTITION_ID not in context.node_config:
+        raise FlowerError('this SuperNode has no partition-id: start it with --node-config "partition-id=K num-partitions=N"')
+    return int(context.node_config[PARTITION_ID])
+
+
+def _load_state(context: Context) -> dict[str, Any]:
+    record = context.state.config_records.get(STATE_RECORD)
+    if record is None:
+        return {}
+    return torch.load(io.BytesIO(record["state"]), map_location="cpu", weights_only=False)
+
+
+def _save_state(context: Context, state: dict[str, Any]) -> None:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    context.state[STATE_RECORD] = ConfigRecord({"state": buffer.getvalue()})
+
+
+def client_train(message: Message, context: Context, config_json: str) -> Message:
+    """One round of local training on this node (Flower's ``train`` message).
+
+    The reply carries the trained arrays and the metrics (``num_examples`` among them) and
+    nothing else; the client's persistent state stays in ``context.state``.
+    """
+    client = client_id_of(context)
+    trainer, data = _client(config_json, client)
+    state = _load_state(context)
+    reply = fit_client(trainer, payload_from_records(message.content), data, state)
+    _save_state(context, state)
+    return Message(reply_to_records(reply), reply_to=message)
+
+
+def client_query(message: Message, context: Context) -> Message:
+    """Tell the server which FedBed client this node is (Flower's ``query`` message)."""
+    return Message(RecordDict({"node": ConfigRecord({PARTITION_ID: client_id_of(context)})}), reply_to=message)
+
+
+class FlowerClients(ClientTransport):
+    """The engine's transport over a Flower Grid: one message per selected client.
+
+    Args:
+        grid: the ServerApp's grid.
+        num_clients: clients of the run; the federation waits for that many nodes.
+        round_timeout: seconds to wait for a round's replies; a client without a reply by then
+            (its node was lost) is dropped from the round with that reason.
+        connect_timeout: seconds to wait for every node to connect.
+
+    Raises:
+        FlowerError: fewer nodes than clients connect in time, or two nodes claim one client.
+    """
+
+    def __init__(self, grid: Grid, num_clients: int, round_timeout: float = 3600.0, connect_timeout: float = 600.0) -> None:
+        self.grid, self._num_clients, self.round_timeout = grid, num_clients, round_timeout
+        self.round_number = 0
+        self.node_of = self._discover(connect_timeout)
+
+    @property
+    def num_clients(self) -> int:
+        return self._num_clients
+
+    def _discover(self, connect_timeout: float) -> dict[int, int]:
+        deadline = time.monotonic() + connect_timeout
+        node_ids = list(self.grid.get_node_ids())
+        while len(node_ids) < self._num_clients and time.monotonic() < deadline:
+            time.sleep(0.5)
+            node_ids = list(self.grid.get_node_ids())
+        if len(node_ids) < self._num_clients:
+            raise FlowerError(f"{len(node_ids)} of {self._num_clients} SuperNodes connected within {connect_timeout:.0f} s")
+        queries = [Message(RecordDict(), dst_node_id=node, message_type="query", group_id="discover") for node in node_ids]
+        node_of: dict[int, int] = {}
+        for reply in self.grid.send_and_receive(queries, timeout=connect_timeout):
+            if reply.has_error():
+                raise FlowerError(f"node {reply.metadata.src_node_id} could not say its client id: {reply.error.reason}")
+            client = int(reply.content.config_records["node"][PARTITION_ID])
+            if client in node_of:
+                raise FlowerError(f"nodes {node_of[client]} and {reply.metadata.src_node_id} both have partition-id {client}")
+            node_of[client] = reply.metadata.src_node_id
+        missing = sorted(set(range(self._num_clients)) - set(node_of))
+        if missing:
+            raise FlowerError(f"no SuperNode has partition-id {', '.join(map(str, missing))}")
+        return node_of
+
+    def fit_round(self, payloads: dict[int, Payload]) -> dict[int, Reply | str]:
+        self.round_number += 1
+        client_of = {self.node_of[client]: client for client in payloads}
+        messages = [
+            Message(payload_to_records(payload), dst_node_id=self.node_of[client], message_type="train",
+                    group_id=str(payload.config.get("round", self.round_number)))
+            for client, payload in payloads.items()
+        ]
+        outcomes: dict[int, Reply | str] = {
+            client: f"no reply within {self.round_timeout:.0f} s (its SuperNode was lost or is too slow)" for client in payloads
+        }
+        for reply in self.grid.send_and_receive(messages, timeout=self.round_timeout):
+            client = client_of[reply.metadata.src_node_id]
+            outcomes[client] = (f"its ClientApp failed: {reply.error.reason}" if reply.has_error()
+                                else reply_from_records(reply.content))
+        return outcomes
+
+
+def server_main(grid: Grid, config_json: str, backend: str, progress: bool = False, echo: Callable[..., Any] = print,
+                round_timeout: float = 3600.0) -> dict[str, Any]:
+    """The ServerApp's body: build the run, reach its clients through ``grid``, run the rounds,
+    write the run directory; return the summary (as :func:`fedbed.experiment.run_experiment`)."""
+    built = _built(config_json)
+    clients = FlowerClients(grid, len(built.partitions), round_timeout=round_timeout)
+    return execute_run(built, built.federation(clients), progress=progress, echo=echo, backend=backend)
+
+
+def make_apps(config: ExperimentConfig, backend: str, outcome: dict[str, Any], progress: bool = False,
+              echo: Callable[..., Any] = print) -> tuple[ServerApp, ClientApp]:
+    """A ServerApp and a ClientApp for one run, the config captured by closure (for Flower's
+    simulation engine); the ServerApp puts the summary into ``outcome["summary"]``."""
+    config_json = config.model_dump_json()
+    server, client = ServerApp(), ClientApp()
+
+    @server.main()
+    def _main(grid: Grid, context: Context) -> None:
+        outcome["summary"] = server_main(grid, config_json, backend, progress, echo)
+
+    @client.train()
+    def _train(message: Message, context: Context) -> Message:
+        return client_train(message, context, config_json)
+
+    client.query()(client_query)
+    return server, client
+
+
+server_app = ServerApp()
+"""The ServerApp for ``flwr run`` (the experiment config in the run config's ``fedbed-config``)."""
+client_app = ClientApp()
+"""The ClientApp for ``flwr run`` (each SuperNode with ``--node-config "partition-id=K"``)."""
+
+
+@server_app.main()
+def _deployed_main(grid: Grid, context: Context) -> None:
+    server_main(grid, str(context.run_config[CONFIG_KEY]), str(context.run_config.get(BACKEND_KEY, "flower-deployment")))
+
+
+@client_app.train()
+def _deployed_train(message: Message, context: Context) -> Message:
+    return client_train(message, context, str(context.run_config[CONFIG_KEY]))
+
+
+client_app.query()(client_query)

@@ -1,0 +1,233 @@
+"""A real Flower deployment on this machine: one SuperLink and one SuperNode per client on
+127.0.0.1, the job submitted with ``flwr run``; every process stopped by its PID afterwards.
+
+What runs where (the same layout across machines, see the README's "Running across machines"):
+the SuperLink and the ServerApp (server side: the method's ServerStrategy, evaluation); one
+SuperNode per site, each running the ClientApp (the method's ClientTrainer on that site's data,
+its client id given by ``--node-config "partition-id=K"``). Only parameters and scalar metrics
+travel between them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from fedbed.experiment import SUMMARY_NAME, ExperimentConfig, validate
+from fedbed.flower.apps import BACKEND_KEY, CONFIG_KEY, FlowerError, _built
+from fedbed.flower.launch import OFFLINE_ENVIRONMENT, _absolute
+
+CONNECTION = "fedbed"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def write_certificates(folder: Path) -> dict[str, Path]:
+    """A self-signed CA and a server certificate for 127.0.0.1 / localhost, signed by it.
+
+    Returns:
+        Paths ``ca`` (the CA certificate the SuperNodes and ``flwr`` trust), ``certificate`` and
+        ``key`` (the SuperLink's), all PEM.
+    """
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    import ipaddress
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    valid = dict(not_valid_before=now - datetime.timedelta(minutes=5), not_valid_after=now + datetime.timedelta(days=2))
+
+    def name(common: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder().subject_name(name("FedBed test CA")).issuer_name(name("FedBed test CA"))
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(valid["not_valid_before"]).not_valid_after(valid["not_valid_after"])
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    alt = x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    certificate = (x509.CertificateBuilder().subject_name(name("127.0.0.1")).issuer_name(ca.subject)
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(valid["not_valid_before"]).not_valid_after(valid["not_valid_after"])
+                   .add_extension(alt, critical=False).sign(ca_key, hashes.SHA256()))
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {"ca": folder / "ca.crt", "certificate": folder / "server.pem", "key": folder / "server.key"}
+    paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths["certificate"].write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    paths["key"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()))
+    return paths
+
+
+def write_app(folder: Path, config: ExperimentConfig, backend: str = "flower-deployment") -> Path:
+    """A Flower App folder (``pyproject.toml`` only) whose components are FedBed's apps and whose
+    run config carries ``config`` as JSON; ``flwr run FOLDER`` submits it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pyproject.toml").write_text(
+        "[build-system]\nrequires = [\"hatchling\"]\nbuild-backend = \"hatchling.build\"\n\n"
+        "[project]\nname = \"fedbed-job\"\nversion = \"1.0.0\"\ndependencies = []\n\n"
+        "[tool.hatch.build.targets.wheel]\npackages = [\".\"]\n\n"
+        "[tool.flwr.app]\npublisher = \"fedbed\"\n\n"
+        "[tool.flwr.app.components]\nserverapp = \"fedbed.flower.apps:server_app\"\n"
+        "clientapp = \"fedbed.flower.apps:client_app\"\n\n"
+        f"[tool.flwr.app.config]\n{CONFIG_KEY} = {json.dumps(config.model_dump_json())}\n"
+        f"{BACKEND_KEY} = \"{backend}\"\n"
+    )
+    return folder
+
+
+class Processes:
+    """Processes started for one deployment, each in its own session so that its children
+    (Flower's ServerApp and ClientApp subprocesses) are stopped with it."""
+
+    def __init__(self, log_dir: Path, environment: dict[str, str]) -> None:
+        self.log_dir, self.environment = log_dir, environment
+        self.started: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, command: list[str]) -> subprocess.Popen:
+        log = (self.log_dir / f"{name}.log").open("w")
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.environment,
+                                   start_new_session=True, cwd=self.log_dir)
+        self.started[name] = process
+        return process
+
+    def stop(self, name: str) -> None:
+        """Stop one process and its children: SIGTERM to its group, SIGKILL after 10 s."""
+        process = self.started[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        with contextlib.suppress(ProcessLookupError):  # children left behind in the group
+            os.killpg(process.pid, signal.SIGKILL)
+
+    def stop_all(self) -> None:
+        for name in reversed(list(self.started)):
+            self.stop(name)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.started.values()]
+
+
+def _wait_for_port(port: int, process: subprocess.Popen, what: str, log: Path, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise FlowerError(f"{what} exited with code {process.returncode}; its log: {log}")
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.3)
+    raise FlowerError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f} s; its log: {log}")
+
+
+@contextlib.contextmanager
+def local_federation(num_clients: int, work_dir: Path, tls: bool = False, data_roots: list[Path] | None = None,
+                     ) -> Iterator[tuple[Processes, dict[str, str]]]:
+    """Start a SuperLink and ``num_clients`` SuperNodes on 127.0.0.1 (partition-id 0..N-1); yield
+    the processes and the environment for ``flwr`` (private ``FLWR_HOME`` holding the connection);
+    stop every process on exit, also on Ctrl-C and on failure.
+
+    Args:
+        num_clients: SuperNodes to start.
+        work_dir: logs, ``FLWR_HOME`` and certificates go here.
+        tls: generate a self-signed CA and certificates at start-up and use them; else insecure.
+        data_roots: per SuperNode, the data root it reads (``FEDBED_DATA``); default: inherited.
+
+    Raises:
+        FlowerError: a process exits or does not listen in time (its log is named).
+    """
+    home = work_dir / "flwr-home"
+    home.mkdir(parents=True, exist_ok=True)
+    environment = {**os.environ, **OFFLINE_ENVIRONMENT, "FLWR_HOME": str(home)}
+    bin_dir = Path(sys.executable).parent
+    port = free_port()  # Flower 1.41 serves the Fleet, Control and Runtime APIs over one HTTP port
+    security = ["--insecure"]
+    connection = "insecure = true\n"
+    node_security = ["--insecure"]
+    if tls:
+        certificates = write_certificates(work_dir / "certificates")
+        security = ["--ssl-ca-certfile", str(certificates["ca"]), "--ssl-certfile", str(certificates["certificate"]),
+                    "--ssl-keyfile", str(certificates["key"])]
+        connection = f"root-certificates = {json.dumps(str(certificates['ca']))}\n"
+        node_security = ["--root-certificates", str(certificates["ca"])]
+    (home / "config.toml").write_text(
+        f"[superlink]\ndefault = \"{CONNECTION}\"\n\n[superlink.{CONNECTION}]\naddress = \"127.0.0.1:{port}\"\n{connection}"
+    )
+    processes = Processes(work_dir, environment)
+    try:
+        link = processes.start("superlink", [
+            str(bin_dir / "flower-superlink"), *security, "--isolation", "subprocess",
+            "--host", "127.0.0.1", "--port", str(port),
+        ])
+        _wait_for_port(port, link, "flower-superlink", work_dir / "superlink.log")
+        for client in range(num_clients):
+            node_environment = dict(environment)
+            if data_roots is not None:
+                node_environment["FEDBED_DATA"] = str(data_roots[client])
+            processes.environment = node_environment
+            processes.start(f"supernode-{client}", [
+                str(bin_dir / "flower-supernode"), *node_security, "--superlink", f"127.0.0.1:{port}",
+                "--node-config", f"partition-id={client} num-partitions={num_clients}",
+                "--isolation", "subprocess", "--host", "127.0.0.1", "--port", str(free_port()),
+            ])
+        processes.environment = environment
+        yield processes, environment
+    finally:
+        processes.stop_all()
+
+
+def run_flower_deployment(config: ExperimentConfig, *, tls: bool = False, progress: bool = False,
+                          echo: Callable[..., Any] = print, work_dir: Path | None = None,
+                          timeout: float = 3600.0) -> dict[str, Any]:
+    """Run ``config`` on a real Flower deployment on this machine (SuperLink + one SuperNode per
+    client on 127.0.0.1), streaming the ServerApp's log; return the run's summary.
+
+    Raises:
+        ConfigError: invalid settings.
+        FlowerError: a Flower process failed, or the run ended without a summary (logs named).
+    """
+    validate(config)
+    config = _absolute(config)
+    num_clients = len(_built(config.model_dump_json()).partitions)
+    summary_path = config.resolved_run_dir() / SUMMARY_NAME
+    summary_path.unlink(missing_ok=True)
+    with contextlib.ExitStack() as stack:
+        if work_dir is None:
+            work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedbed-flower-")))
+        app = write_app(work_dir / "app", config)
+        with local_federation(num_clients, work_dir, tls=tls) as (_, environment):
+            command = [str(Path(sys.executable).parent / "flwr"), "run", str(app), CONNECTION, "--stream"]
+            echo(f"flower-deployment: SuperLink and {num_clients} SuperNodes on 127.0.0.1{' with TLS' if tls else ''}; logs in {work_dir}")
+            try:
+                finished = subprocess.run(command, env=environment, cwd=work_dir, timeout=timeout,
+                                          stdout=None if progress else subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            except subprocess.TimeoutExpired:
+                raise FlowerError(f"the Flower run did not finish within {timeout:.0f} s; logs in {work_dir}") from None
+            if not summary_path.exists():
+                tail = (finished.stdout or "").strip().splitlines()[-5:]
+                raise FlowerError(f"the Flower run ended (flwr exit code {finished.returncode}) without a summary; "
+                                  f"logs in {work_dir}; last lines: {' | '.join(tail)}")
+    return json.loads(summary_path.read_text())

@@ -1,0 +1,60 @@
+"""FedBed's messages as Flower records (Flower 1.41 Message API).
+
+- :class:`~fedbed.federation.messages.Payload` <-> ``RecordDict{"arrays": ArrayRecord,
+  "config": ConfigRecord}``
+- :class:`~fedbed.federation.messages.Reply` <-> ``RecordDict{"arrays": ArrayRecord,
+  "metrics": MetricRecord}``, ``num_examples`` being one of the metrics (as Flower's own
+  strategies expect it).
+
+Arrays keep their dtype and shape exactly (Flower stores them as NumPy bytes), so a payload
+crosses the boundary bit for bit. Only named tensors and scalars are carried: never samples.
+"""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from fedbed.federation.messages import Payload, Reply
+
+ARRAYS, CONFIG, METRICS = "arrays", "config", "metrics"
+NUM_EXAMPLES = "num_examples"
+
+
+def _to_array_record(arrays: dict[str, torch.Tensor]) -> ArrayRecord:
+    return ArrayRecord({name: tensor.detach().cpu().contiguous() for name, tensor in arrays.items()})
+
+
+def _from_array_record(record: ArrayRecord) -> dict[str, torch.Tensor]:
+    return {name: torch.from_numpy(array.numpy().copy()) for name, array in record.items()}
+
+
+def payload_to_records(payload: Payload) -> RecordDict:
+    """The records of one server-to-client message (see the module docstring)."""
+    return RecordDict({ARRAYS: _to_array_record(payload.arrays), CONFIG: ConfigRecord(dict(payload.config))})
+
+
+def payload_from_records(content: RecordDict) -> Payload:
+    """Inverse of :func:`payload_to_records`.
+
+    Raises:
+        KeyError: the message holds no ``arrays`` or ``config`` record (it did not come from FedBed).
+    """
+    return Payload(arrays=_from_array_record(content.array_records[ARRAYS]), config=dict(content.config_records[CONFIG]))
+
+
+def reply_to_records(reply: Reply) -> RecordDict:
+    """The records of one client-to-server reply (see the module docstring)."""
+    metrics = MetricRecord({**{k: float(v) for k, v in reply.metrics.items()}, NUM_EXAMPLES: int(reply.num_examples)})
+    return RecordDict({ARRAYS: _to_array_record(reply.arrays), METRICS: metrics})
+
+
+def reply_from_records(content: RecordDict) -> Reply:
+    """Inverse of :func:`reply_to_records`.
+
+    Raises:
+        KeyError: the message holds no ``arrays`` or ``metrics`` record, or no ``num_examples``.
+    """
+    metrics = dict(content.metric_records[METRICS])
+    num_examples = int(metrics.pop(NUM_EXAMPLES))
+    return Reply(arrays=_from_array_record(content.array_records[ARRAYS]), num_examples=num_examples, metrics=metrics)
