@@ -52,6 +52,8 @@ def run(
     run_dir: Annotated[Optional[Path], typer.Option(help="Output folder of the run.")] = None,
     resume: Annotated[bool, typer.Option(help="Continue the run in its run directory from its checkpoint.")] = False,
     progress: Annotated[bool, typer.Option(help="Show the progress bar.")] = True,
+    backend: Annotated[str, typer.Option(help="Where clients run: in-process, flower-sim or flower-deployment.")] = "in-process",
+    tls: Annotated[bool, typer.Option(help="flower-deployment: self-signed CA and certificates, TLS everywhere.")] = False,
 ) -> None:
     """Train one method across clients and evaluate it on the unseen target domain.
 
@@ -60,11 +62,18 @@ def run(
     """
     from fedbed.data import dataset_spec
     from fedbed.data.base import DataError
-    from fedbed.experiment import ConfigError, config_from_mapping, load_config_file, run_experiment
+    from fedbed.experiment import ConfigError, config_from_mapping, load_config_file
     from fedbed.federation.engine import EngineError
     from fedbed.federation.evaluation import format_domain_table
+    from fedbed.flower.launch import BACKENDS, FlowerError, run_on_backend
 
     try:
+        if backend not in BACKENDS:
+            raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        if backend != "in-process" and resume:
+            raise ConfigError(f"--resume works in-process only: on {backend} the client states live on the clients' nodes")
+        if tls and backend != "flower-deployment":
+            raise ConfigError("--tls applies to --backend flower-deployment only")
         values = load_config_file(config) if config is not None else {}
         flags = {
             "dataset": dataset,
@@ -94,10 +103,11 @@ def run(
         fail(str(error))
     for each in configs:
         try:
-            summary = run_experiment(each, resume=resume, progress=progress, echo=typer.echo)
+            options = {"tls": tls} if tls else {"resume": resume} if backend == "in-process" else {}
+            summary = run_on_backend(each, backend, progress=progress, echo=typer.echo, **options)
         except ConfigError as error:
             fail(str(error))
-        except EngineError as error:
+        except (EngineError, FlowerError) as error:
             typer.echo(f"error: {error}", err=True)
             raise typer.Exit(1)
         typer.echo(f"\n{summary['algorithm']} on {summary['dataset']}, target {summary['target']} (accuracy %):")

@@ -33,18 +33,17 @@ from flwr.serverapp import Grid, ServerApp
 from fedbed.experiment import BuiltRun, ExperimentConfig, build_run, execute_run
 from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.transport import ClientTransport, fit_client
+from fedbed.flower.launch import FlowerError
 from fedbed.flower.records import payload_from_records, payload_to_records, reply_from_records, reply_to_records
 
 CONFIG_KEY = "fedbed-config"
 """Run-config key holding the experiment config as JSON (``flwr run``)."""
 BACKEND_KEY = "fedbed-backend"
 """Run-config key naming the backend in the run's summary."""
+ROUND_TIMEOUT_KEY = "fedbed-round-timeout"
+"""Run-config key: seconds to wait for a round's replies before dropping the silent clients."""
 STATE_RECORD = "fedbed-client-state"
 PARTITION_ID = "partition-id"
-
-
-class FlowerError(RuntimeError):
-    """Raised when the federation cannot run: nodes missing, a node without ``partition-id``."""
 
 
 @functools.lru_cache(maxsize=2)
@@ -151,18 +150,27 @@ class FlowerClients(ClientTransport):
 
     def fit_round(self, payloads: dict[int, Payload]) -> dict[int, Reply | str]:
         self.round_number += 1
-        client_of = {self.node_of[client]: client for client in payloads}
-        messages = [
-            Message(payload_to_records(payload), dst_node_id=self.node_of[client], message_type="train",
-                    group_id=str(payload.config.get("round", self.round_number)))
-            for client, payload in payloads.items()
-        ]
+        connected = set(self.grid.get_node_ids())
         outcomes: dict[int, Reply | str] = {
-            client: f"no reply within {self.round_timeout:.0f} s (its SuperNode was lost or is too slow)" for client in payloads
+            client: "its SuperNode left the federation" if self.node_of[client] not in connected
+            else f"no reply from its SuperNode within {self.round_timeout:.0f} s (lost or too slow)"
+            for client in payloads
         }
-        for reply in self.grid.send_and_receive(messages, timeout=self.round_timeout):
-            client = client_of[reply.metadata.src_node_id]
-            outcomes[client] = (f"its ClientApp failed: {reply.error.reason}" if reply.has_error()
+        reachable = {client: payload for client, payload in payloads.items() if self.node_of[client] in connected}
+        sent = {
+            client: Message(payload_to_records(payload), dst_node_id=self.node_of[client], message_type="train",
+                            group_id=str(payload.config.get("round", self.round_number)))
+            for client, payload in reachable.items()
+        }
+        replies = list(self.grid.send_and_receive(list(sent.values()), timeout=self.round_timeout)) if sent else []
+        # The grid stamps each sent message with its id; a reply names the message it answers
+        # (an error reply for a lost node comes from the SuperLink, not from the node).
+        client_of = {message.metadata.message_id: client for client, message in sent.items()}
+        for reply in replies:
+            client = client_of.get(reply.metadata.reply_to_message_id)
+            if client is None:
+                continue
+            outcomes[client] = (f"its SuperNode returned an error: {reply.error.reason}" if reply.has_error()
                                 else reply_from_records(reply.content))
         return outcomes
 
@@ -203,7 +211,8 @@ client_app = ClientApp()
 
 @server_app.main()
 def _deployed_main(grid: Grid, context: Context) -> None:
-    server_main(grid, str(context.run_config[CONFIG_KEY]), str(context.run_config.get(BACKEND_KEY, "flower-deployment")))
+    server_main(grid, str(context.run_config[CONFIG_KEY]), str(context.run_config.get(BACKEND_KEY, "flower-deployment")),
+                round_timeout=float(context.run_config.get(ROUND_TIMEOUT_KEY, 3600.0)))
 
 
 @client_app.train()

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from fedbed.experiment import SUMMARY_NAME, ExperimentConfig, validate
-from fedbed.flower.apps import BACKEND_KEY, CONFIG_KEY, FlowerError, _built
-from fedbed.flower.launch import OFFLINE_ENVIRONMENT, _absolute
+from fedbed.flower.apps import BACKEND_KEY, CONFIG_KEY, ROUND_TIMEOUT_KEY, _built
+from fedbed.flower.launch import OFFLINE_ENVIRONMENT, FlowerError, _absolute
 
 CONNECTION = "fedbed"
 
@@ -77,9 +77,10 @@ def write_certificates(folder: Path) -> dict[str, Path]:
     return paths
 
 
-def write_app(folder: Path, config: ExperimentConfig, backend: str = "flower-deployment") -> Path:
+def write_app(folder: Path, config: ExperimentConfig, backend: str = "flower-deployment", round_timeout: float = 3600.0) -> Path:
     """A Flower App folder (``pyproject.toml`` only) whose components are FedBed's apps and whose
-    run config carries ``config`` as JSON; ``flwr run FOLDER`` submits it."""
+    run config carries ``config`` as JSON and the round timeout in seconds (a client silent for
+    that long is dropped from the round); ``flwr run FOLDER`` submits it."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "pyproject.toml").write_text(
         "[build-system]\nrequires = [\"hatchling\"]\nbuild-backend = \"hatchling.build\"\n\n"
@@ -90,6 +91,7 @@ def write_app(folder: Path, config: ExperimentConfig, backend: str = "flower-dep
         "clientapp = \"fedbed.flower.apps:client_app\"\n\n"
         f"[tool.flwr.app.config]\n{CONFIG_KEY} = {json.dumps(config.model_dump_json())}\n"
         f"{BACKEND_KEY} = \"{backend}\"\n"
+        f"{ROUND_TIMEOUT_KEY} = {float(round_timeout)}\n"
     )
     return folder
 
@@ -201,7 +203,7 @@ def local_federation(num_clients: int, work_dir: Path, tls: bool = False, data_r
 
 def run_flower_deployment(config: ExperimentConfig, *, tls: bool = False, progress: bool = False,
                           echo: Callable[..., Any] = print, work_dir: Path | None = None,
-                          timeout: float = 3600.0) -> dict[str, Any]:
+                          timeout: float = 86400.0, round_timeout: float = 3600.0) -> dict[str, Any]:
     """Run ``config`` on a real Flower deployment on this machine (SuperLink + one SuperNode per
     client on 127.0.0.1), streaming the ServerApp's log; return the run's summary.
 
@@ -217,7 +219,7 @@ def run_flower_deployment(config: ExperimentConfig, *, tls: bool = False, progre
     with contextlib.ExitStack() as stack:
         if work_dir is None:
             work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedbed-flower-")))
-        app = write_app(work_dir / "app", config)
+        app = write_app(work_dir / "app", config, round_timeout=round_timeout)
         with local_federation(num_clients, work_dir, tls=tls) as (_, environment):
             command = [str(Path(sys.executable).parent / "flwr"), "run", str(app), CONNECTION, "--stream"]
             echo(f"flower-deployment: SuperLink and {num_clients} SuperNodes on 127.0.0.1{' with TLS' if tls else ''}; logs in {work_dir}")

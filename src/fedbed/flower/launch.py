@@ -16,6 +16,10 @@ from fedbed.experiment import ConfigError, ExperimentConfig, validate
 
 BACKENDS = ("in-process", "flower-sim", "flower-deployment")
 
+
+class FlowerError(RuntimeError):
+    """Raised when a Flower run cannot go on: nodes missing or lost, a Flower process failed."""
+
 OFFLINE_ENVIRONMENT = {
     "FLWR_TELEMETRY_ENABLED": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
@@ -55,7 +59,7 @@ def run_flower_simulation(config: ExperimentConfig, *, progress: bool = False, e
     os.environ.update(OFFLINE_ENVIRONMENT)
     from flwr.simulation import run_simulation
 
-    from fedbed.flower.apps import FlowerError, _built, make_apps
+    from fedbed.flower.apps import _built, make_apps
 
     config = _absolute(config)
     num_clients = len(_built(config.model_dump_json()).partitions)

@@ -1,0 +1,135 @@
+"""FedBed on Flower: records, what leaves a site, equal results on every backend, lost nodes."""
+
+import json
+import subprocess
+import time
+
+import pytest
+import torch
+from flwr.app import Context, Message, Metadata, RecordDict
+
+from fedbed.experiment import ExperimentConfig, build_run, run_experiment
+from fedbed.federation.engine import LOG_NAME
+from fedbed.federation.messages import Payload, Reply
+from fedbed.flower.apps import STATE_RECORD, client_train
+from fedbed.flower.deployment import local_federation, run_flower_deployment, write_app
+from fedbed.flower.launch import run_flower_simulation
+from fedbed.flower.records import payload_from_records, payload_to_records, reply_from_records, reply_to_records
+
+FLOWER_PROCESSES = ("flower-superlink", "flower-supernode", "flwr-serverapp", "flwr-clientapp")
+
+
+def flower_pids() -> list[str]:
+    found = []
+    for name in FLOWER_PROCESSES:
+        found += subprocess.run(["pgrep", "-f", name], capture_output=True, text=True).stdout.split()
+    return found
+
+
+@pytest.fixture
+def no_orphans():
+    """Every Flower process a test starts is gone when it ends."""
+    before = set(flower_pids())
+    yield
+    deadline = time.monotonic() + 15
+    while set(flower_pids()) - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not set(flower_pids()) - before, "a Flower process outlived its test"
+
+
+def tiny(algorithm: str, run_dir, **changes) -> ExperimentConfig:
+    """Two clients (three source domains each... of RotatedMNIST's five) on the embedded sample."""
+    values = dict(dataset="RotatedMNIST", target="0", algorithm=algorithm, rounds=2, local_steps=2, batch_size=16,
+                  partition="domains_per_client", num_clients=2, domains_per_client=3, seed=3, run_dir=run_dir)
+    values.update(changes)
+    return ExperimentConfig(**values)
+
+
+def instruction(content: RecordDict, node: int) -> Message:
+    metadata = Metadata(run_id=1, message_id="m1", src_node_id=0, dst_node_id=node, reply_to_message_id="",
+                        group_id="1", created_at=time.time(), ttl=3600.0, message_type="train")
+    return Message(content, metadata=metadata)
+
+
+def test_records_carry_payloads_and_replies_bit_for_bit():
+    payload = Payload({"w": torch.randn(3, 2), "steps": torch.tensor(7)}, {"round": 2, "batch_seed": 11, "mu": 0.5, "mode": "x"})
+    back = payload_from_records(payload_to_records(payload))
+    assert back.config == payload.config
+    for name, tensor in payload.arrays.items():
+        assert back.arrays[name].dtype == tensor.dtype and torch.equal(back.arrays[name], tensor)
+    reply = Reply({"w": torch.randn(4, dtype=torch.float64)}, num_examples=13, metrics={"loss": 0.25})
+    again = reply_from_records(reply_to_records(reply))
+    assert again.num_examples == 13 and again.metrics == {"loss": 0.25} and torch.equal(again.arrays["w"], reply.arrays["w"])
+
+
+def test_a_site_sends_only_parameters_and_metrics(tmp_path):
+    config = tiny("fedsr", tmp_path)  # FedSR keeps class priors as persistent client state
+    built = build_run(config)
+    sent = built.initial_model.state_dict()
+    context = Context(run_id=1, node_id=9, node_config={"partition-id": 1}, state=RecordDict(), run_config={})
+    message = instruction(payload_to_records(Payload(dict(sent), {"round": 1, "batch_seed": 5})), node=9)
+    reply = client_train(message, context, config.model_dump_json())
+    content = reply.content
+    assert set(content.array_records) == {"arrays"} and set(content.metric_records) == {"metrics"}
+    assert not content.config_records
+    assert set(content.array_records["arrays"]) == set(sent)  # the model's parameters, nothing else
+    assert all(tuple(content.array_records["arrays"][k].shape) == tuple(v.shape) for k, v in sent.items())
+    assert set(content.metric_records["metrics"]) == {"loss", "num_examples"}
+    assert content.metric_records["metrics"]["num_examples"] == len(built.partitions[1].indices)
+    assert STATE_RECORD in context.state.config_records  # the client state stayed on the node
+
+
+def final_metrics(run_dir):
+    records = [json.loads(line) for line in (run_dir / LOG_NAME).read_text().splitlines()]
+    return [r["metrics"]["train_loss"] for r in records], [r["evaluation"] for r in records]
+
+
+def assert_same_run(expected_dir, actual_dir, eval_size: int):
+    losses, evaluations = final_metrics(expected_dir)
+    other_losses, other_evaluations = final_metrics(actual_dir)
+    assert other_losses == pytest.approx(losses, rel=1e-5)
+    for mine, theirs in zip(evaluations, other_evaluations):
+        # Accuracies agree to float tolerance: at most one sample may sit on a decision boundary.
+        assert theirs["ood_mean"] == pytest.approx(mine["ood_mean"], abs=100.0 / eval_size + 1e-9)
+        assert theirs["id_mean"] == pytest.approx(mine["id_mean"], abs=100.0 / 50 + 1e-9)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "hfedf"])  # hFedF sends each client its own weights
+def test_same_results_in_process_on_flower_sim_and_on_a_deployment(tmp_path, algorithm, no_orphans, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_experiment(tiny(algorithm, tmp_path / "in-process"), progress=False, echo=lambda *_: None)
+        summary = run_flower_simulation(tiny(algorithm, tmp_path / "sim"), echo=lambda *_: None, cpus=2)
+        deployed = run_flower_deployment(tiny(algorithm, tmp_path / "deployment"), echo=lambda *_: None)
+    finally:
+        torch.set_num_threads(threads)
+    assert summary["backend"] == "flower-sim" and deployed["backend"] == "flower-deployment"
+    eval_size = len(build_run(tiny(algorithm, tmp_path / "x")).split.target)
+    assert_same_run(tmp_path / "in-process", tmp_path / "sim", eval_size)
+    assert_same_run(tmp_path / "in-process", tmp_path / "deployment", eval_size)
+
+
+def test_a_lost_supernode_is_dropped_and_the_rounds_go_on(tmp_path, no_orphans):
+    config = tiny("fedavg", (tmp_path / "run").resolve(), rounds=3)
+    app = write_app(tmp_path / "app", config, round_timeout=45.0)
+    log = config.run_dir / LOG_NAME
+    with local_federation(2, tmp_path) as (processes, environment):
+        job = subprocess.Popen(["flwr", "run", str(app), "fedbed", "--stream"], env=environment, cwd=tmp_path,
+                               stdout=(tmp_path / "flwr-run.log").open("w"), stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 300
+            while not (log.exists() and log.read_text().strip()) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert log.exists() and log.read_text().strip(), "round 1 never finished"
+            processes.stop("supernode-1")  # site 1 goes away after round 1
+            job.wait(timeout=400)
+        finally:
+            job.kill()
+    rounds = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    assert rounds[0]["dropped"] == {}
+    for later in rounds[1:]:
+        assert set(later["dropped"]) == {"1"} and "SuperNode" in later["dropped"]["1"]
+    assert json.loads((config.run_dir / "summary.json").read_text())["selection"]["last"]["round"] == 3
