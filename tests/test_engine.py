@@ -9,7 +9,7 @@ from fedbed.algorithms import ALGORITHMS
 from fedbed.algorithms.fedavg import FedAvg
 from fedbed.algorithms.local_training import SupervisedTrainer
 from fedbed.experiment import ExperimentConfig, run_experiment
-from fedbed.federation.engine import run_rounds
+from fedbed.federation.engine import EngineError, run_rounds
 from fedbed.federation.evaluation import select_round
 from fedbed.federation.messages import Reply
 from tests.conftest import build_federation
@@ -66,6 +66,13 @@ def test_failing_clients_are_dropped_with_a_reason(tmp_path):
     assert "non-finite" in record["dropped"]["1"]
     assert record["telemetry"]["weights"] == {"2": 1.0}
     assert all(torch.isfinite(v).all() for v in federation.strategy.global_model().state_dict().values() if v.is_floating_point())
+
+
+def test_a_method_that_needs_every_client_stops_naming_the_lost_one(tmp_path):
+    federation = build_federation(trainer_class=FlakyTrainer)
+    federation.strategy.requires_every_client = True
+    with pytest.raises(EngineError, match=r"needs every selected client, and lost client 0: raised RuntimeError: disk full; client 1: .*non-finite"):
+        run(federation, 1, tmp_path)
 
 
 def test_reply_checks():

@@ -193,6 +193,9 @@ def run_rounds(
                 dropped[str(client)] = reason
         if not replies:
             raise EngineError(f"round {round_number}: every selected client failed: {dropped}")
+        if dropped and federation.strategy.requires_every_client:
+            lost = "; ".join(f"client {client}: {reason}" for client, reason in sorted(dropped.items()))
+            raise EngineError(f"round {round_number}: this method needs every selected client, and lost {lost}")
         updates = client_updates(payloads, replies)
         alignment = alignment_telemetry(updates[1], updates[0]) if updates is not None else None
         summary = federation.strategy.aggregate(round_number, replies)

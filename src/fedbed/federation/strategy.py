@@ -12,7 +12,16 @@ from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
 
 
 class ServerStrategy(ABC):
-    """The server side of a method: decides what each client receives and combines the replies."""
+    """The server side of a method: decides what each client receives and combines the replies.
+
+    Attributes:
+        requires_every_client: ``True`` for a method whose round is meaningless without a reply
+            from every selected client; the engine then stops the run with one message naming the
+            lost clients instead of aggregating the others (default ``False``: a lost client is
+            dropped and the round goes on).
+    """
+
+    requires_every_client: bool = False
 
     @abstractmethod
     def initialize(self, model: nn.Module, clients: list[ClientInfo]) -> None:

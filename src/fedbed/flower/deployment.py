@@ -81,6 +81,7 @@ def write_app(folder: Path, config: ExperimentConfig, backend: str = "flower-dep
     """A Flower App folder (``pyproject.toml`` only) whose components are FedBed's apps and whose
     run config carries ``config`` as JSON and the round timeout in seconds (a client silent for
     that long is dropped from the round); ``flwr run FOLDER`` submits it."""
+    config = _absolute(config)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "pyproject.toml").write_text(
         "[build-system]\nrequires = [\"hatchling\"]\nbuild-backend = \"hatchling.build\"\n\n"
