@@ -270,6 +270,10 @@ class BuiltRun:
             domain_names=dataset.domain_names,
             task=dataset.task,
         )
+        # The strategy may draw its own initial state (hFedF's hypernetwork): seeded here, so it
+        # does not depend on what was built before it in this process (a Flower server builds no
+        # client trainer, an in-process run does).
+        torch.manual_seed(derive_seed(self.config.seed, 1))
         try:
             federation.strategy.initialize(copy.deepcopy(self.initial_model), client_infos(self.partitions))
         except ValueError as error:

@@ -47,14 +47,20 @@ PARTITION_ID = "partition-id"
 
 
 @functools.lru_cache(maxsize=2)
-def _built(config_json: str) -> BuiltRun:
-    """The run built once per process (a SuperNode's ClientApp is called every round)."""
+def cached_run(config_json: str) -> BuiltRun:
+    """The run of an experiment config (JSON), built once per process: a SuperNode's ClientApp
+    is called every round, and building loads the dataset.
+
+    Raises:
+        ConfigError: as :func:`fedbed.experiment.build_run`.
+    """
     return build_run(ExperimentConfig.model_validate_json(config_json))
 
 
 @functools.lru_cache(maxsize=8)
 def _client(config_json: str, client: int) -> tuple[Any, Any]:
-    built = _built(config_json)
+    """The method's client half and the training data of one client, built once per process."""
+    built = cached_run(config_json)
     if not 0 <= client < len(built.partitions):
         raise FlowerError(f"partition-id {client} is out of range: this run has {len(built.partitions)} clients (0..{len(built.partitions) - 1})")
     return built.trainer(), built.client_data(client)
@@ -179,7 +185,7 @@ def server_main(grid: Grid, config_json: str, backend: str, progress: bool = Fal
                 round_timeout: float = 3600.0) -> dict[str, Any]:
     """The ServerApp's body: build the run, reach its clients through ``grid``, run the rounds,
     write the run directory; return the summary (as :func:`fedbed.experiment.run_experiment`)."""
-    built = _built(config_json)
+    built = cached_run(config_json)
     clients = FlowerClients(grid, len(built.partitions), round_timeout=round_timeout)
     return execute_run(built, built.federation(clients), progress=progress, echo=echo, backend=backend)
 

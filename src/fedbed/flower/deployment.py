@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from fedbed.experiment import SUMMARY_NAME, ExperimentConfig, validate
-from fedbed.flower.apps import BACKEND_KEY, CONFIG_KEY, ROUND_TIMEOUT_KEY, _built
+from fedbed.flower.apps import BACKEND_KEY, CONFIG_KEY, ROUND_TIMEOUT_KEY, cached_run
 from fedbed.flower.launch import OFFLINE_ENVIRONMENT, FlowerError, _absolute
 
 CONNECTION = "fedbed"
@@ -214,7 +214,7 @@ def run_flower_deployment(config: ExperimentConfig, *, tls: bool = False, progre
     """
     validate(config)
     config = _absolute(config)
-    num_clients = len(_built(config.model_dump_json()).partitions)
+    num_clients = len(cached_run(config.model_dump_json()).partitions)
     summary_path = config.resolved_run_dir() / SUMMARY_NAME
     summary_path.unlink(missing_ok=True)
     with contextlib.ExitStack() as stack:

@@ -59,10 +59,10 @@ def run_flower_simulation(config: ExperimentConfig, *, progress: bool = False, e
     os.environ.update(OFFLINE_ENVIRONMENT)
     from flwr.simulation import run_simulation
 
-    from fedbed.flower.apps import _built, make_apps
+    from fedbed.flower.apps import cached_run, make_apps
 
     config = _absolute(config)
-    num_clients = len(_built(config.model_dump_json()).partitions)
+    num_clients = len(cached_run(config.model_dump_json()).partitions)
     outcome: dict[str, Any] = {}
     server, client = make_apps(config, "flower-sim", outcome, progress=progress, echo=echo)
     cpus = cpus or os.cpu_count() or 1
