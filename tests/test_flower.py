@@ -2,7 +2,9 @@
 
 import json
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,29 +18,33 @@ from fedbed.flower.deployment import local_federation, run_flower_deployment, wr
 from fedbed.flower.launch import run_flower_simulation
 from fedbed.flower.records import payload_from_records, payload_to_records, reply_from_records, reply_to_records
 
-FLOWER_PROCESSES = ("flower-superlink", "flower-supernode", "flwr-serverapp", "flwr-clientapp")
-
-
-def flower_pids() -> list[str]:
+def flower_processes_of(folder) -> list[int]:
+    """PIDs of live processes whose ``FLWR_HOME`` lies under ``folder``: every process of a
+    deployment started there (SuperLink, SuperNodes and the app processes they spawn inherit it),
+    and no process of anybody else's."""
+    marker = f"FLWR_HOME={folder}".encode()
     found = []
-    for name in FLOWER_PROCESSES:
-        found += subprocess.run(["pgrep", "-f", name], capture_output=True, text=True).stdout.split()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker in environ.read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:  # the process ended meanwhile, or is not ours to read
+            continue
     return found
 
 
 @pytest.fixture
-def no_orphans():
-    """Every Flower process a test starts is gone when it ends."""
-    before = set(flower_pids())
+def no_orphans(tmp_path):
+    """Every Flower process a test starts under ``tmp_path`` is gone when the test ends."""
     yield
     deadline = time.monotonic() + 15
-    while set(flower_pids()) - before and time.monotonic() < deadline:
+    while flower_processes_of(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not set(flower_pids()) - before, "a Flower process outlived its test"
+    assert not flower_processes_of(tmp_path), "a Flower process outlived its test"
 
 
 def tiny(algorithm: str, run_dir, **changes) -> ExperimentConfig:
-    """Two clients (three source domains each... of RotatedMNIST's five) on the embedded sample."""
+    """Two clients (three of RotatedMNIST's five source domains each) on the embedded MNIST sample."""
     values = dict(dataset="RotatedMNIST", target="0", algorithm=algorithm, rounds=2, local_steps=2, batch_size=16,
                   partition="domains_per_client", num_clients=2, domains_per_client=3, seed=3, run_dir=run_dir)
     values.update(changes)
@@ -102,7 +108,8 @@ def test_same_results_in_process_on_flower_sim_and_on_a_deployment(tmp_path, alg
     try:
         run_experiment(tiny(algorithm, tmp_path / "in-process"), progress=False, echo=lambda *_: None)
         summary = run_flower_simulation(tiny(algorithm, tmp_path / "sim"), echo=lambda *_: None, cpus=2)
-        deployed = run_flower_deployment(tiny(algorithm, tmp_path / "deployment"), echo=lambda *_: None)
+        deployed = run_flower_deployment(tiny(algorithm, tmp_path / "deployment"), echo=lambda *_: None,
+                                         work_dir=tmp_path / "flower")
     finally:
         torch.set_num_threads(threads)
     assert summary["backend"] == "flower-sim" and deployed["backend"] == "flower-deployment"
@@ -116,7 +123,7 @@ def test_a_lost_supernode_is_dropped_and_the_rounds_go_on(tmp_path, no_orphans):
     app = write_app(tmp_path / "app", config, round_timeout=45.0)
     log = config.run_dir / LOG_NAME
     with local_federation(2, tmp_path) as (processes, environment):
-        job = subprocess.Popen(["flwr", "run", str(app), "fedbed", "--stream"], env=environment, cwd=tmp_path,
+        job = subprocess.Popen([str(Path(sys.executable).parent / "flwr"), "run", str(app), "fedbed", "--stream"], env=environment, cwd=tmp_path,
                                stdout=(tmp_path / "flwr-run.log").open("w"), stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 300
