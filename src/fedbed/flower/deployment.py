@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 
 from fedbed.experiment import SUMMARY_NAME, ExperimentConfig, validate
 from fedbed.flower.apps import BACKEND_KEY, CONFIG_KEY, ROUND_TIMEOUT_KEY, cached_run
-from fedbed.flower.launch import OFFLINE_ENVIRONMENT, FlowerError, _absolute
+from fedbed.flower.launch import OFFLINE_ENVIRONMENT, FlowerError, with_absolute_paths
 
 CONNECTION = "fedbed"
 
@@ -81,7 +81,7 @@ def write_app(folder: Path, config: ExperimentConfig, backend: str = "flower-dep
     """A Flower App folder (``pyproject.toml`` only) whose components are FedBed's apps and whose
     run config carries ``config`` as JSON and the round timeout in seconds (a client silent for
     that long is dropped from the round); ``flwr run FOLDER`` submits it."""
-    config = _absolute(config)
+    config = with_absolute_paths(config)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "pyproject.toml").write_text(
         "[build-system]\nrequires = [\"hatchling\"]\nbuild-backend = \"hatchling.build\"\n\n"
@@ -213,7 +213,7 @@ def run_flower_deployment(config: ExperimentConfig, *, tls: bool = False, progre
         FlowerError: a Flower process failed, or the run ended without a summary (logs named).
     """
     validate(config)
-    config = _absolute(config)
+    config = with_absolute_paths(config)
     num_clients = len(cached_run(config.model_dump_json()).partitions)
     summary_path = config.resolved_run_dir() / SUMMARY_NAME
     summary_path.unlink(missing_ok=True)

@@ -9,7 +9,6 @@ stopped by its PID, also on Ctrl-C and on failure.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Callable
 
 from fedbed.experiment import ConfigError, ExperimentConfig, validate
@@ -30,7 +29,7 @@ OFFLINE_ENVIRONMENT = {
 """Environment for every Flower process (DESIGN.md: no telemetry, no update check, no installs)."""
 
 
-def _absolute(config: ExperimentConfig) -> ExperimentConfig:
+def with_absolute_paths(config: ExperimentConfig) -> ExperimentConfig:
     """The config with absolute paths: Flower's apps may run in another working directory."""
     updates: dict[str, Any] = {"run_dir": config.resolved_run_dir().resolve()}
     if config.data_root is not None:
@@ -61,7 +60,7 @@ def run_flower_simulation(config: ExperimentConfig, *, progress: bool = False, e
 
     from fedbed.flower.apps import cached_run, make_apps
 
-    config = _absolute(config)
+    config = with_absolute_paths(config)
     num_clients = len(cached_run(config.model_dump_json()).partitions)
     outcome: dict[str, Any] = {}
     server, client = make_apps(config, "flower-sim", outcome, progress=progress, echo=echo)
