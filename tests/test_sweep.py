@@ -34,6 +34,7 @@ def test_run_directory_hash_is_stable():
     a = ExperimentConfig(algorithm="fedprox", hp={"mu": 0.1, "client_lr": 0.01}, seed=3)
     b = ExperimentConfig(seed=3, hp={"client_lr": 0.01, "mu": 0.1}, algorithm="fedprox", run_dir="elsewhere", data_root="/data")
     assert config_hash(a) == config_hash(b)  # key order and folders do not matter
+    assert config_hash(a) == config_hash(a.model_copy(update={"id_evaluation": "clients"}))  # equal scores
     assert config_hash(a) != config_hash(a.model_copy(update={"seed": 4}))
     # Pinned: a change here (a new setting, a renamed one) orphans every existing sweep folder,
     # so it must be a deliberate edit of this line.

@@ -54,6 +54,8 @@ def run(
     progress: Annotated[bool, typer.Option(help="Show the progress bar.")] = True,
     backend: Annotated[str, typer.Option(help="Where clients run: in-process, flower-sim or flower-deployment.")] = "in-process",
     tls: Annotated[bool, typer.Option(help="flower-deployment: self-signed CA and certificates, TLS everywhere.")] = False,
+    id_evaluation: Annotated[Optional[str], typer.Option(
+        help="Where the id holdouts are scored: server, or clients (each site its own share; equal scores).")] = None,
 ) -> None:
     """Train one method across clients and evaluate it on the unseen target domain.
 
@@ -85,6 +87,7 @@ def run(
             "seed": seed,
             "data_root": data_root,
             "run_dir": run_dir,
+            "id_evaluation": id_evaluation,
         }
         values.update({k: v for k, v in flags.items() if v is not None})
         if hp:

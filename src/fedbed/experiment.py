@@ -28,6 +28,7 @@ from fedbed.data import (
 )
 from fedbed.jsonlog import to_json
 from fedbed.seeding import derive_seed
+from fedbed.federation.client_evaluation import ID_EVALUATION_SITES, ClientEvaluator, holdout_shares
 from fedbed.federation.engine import Federation, client_infos, run_rounds
 from fedbed.federation.evaluation import SELECTION_RULES, select_round
 from fedbed.federation.local_data import ClientData
@@ -69,6 +70,10 @@ class ExperimentConfig(BaseModel):
         few_shot_per_client: k target samples added to each client's training data (hFedF's
             few-shot protocol, Fig. 3); they are removed from the ood evaluation set. 0 (the
             default) keeps the target domain out of training entirely.
+        id_evaluation: where the id-validation holdouts are scored: ``server`` (default) or
+            ``clients`` (each client scores its share of its domains' holdouts and sends back sums,
+            Flower's federated evaluation; the scores are equal, see
+            :mod:`fedbed.federation.client_evaluation`). The ood score is always the server's.
         hp: algorithm hyperparameters by name (validated by the algorithm).
         run_dir: output folder (default ``runs/<dataset>/<algorithm>/<target>/seed<seed>``).
     """
@@ -95,6 +100,7 @@ class ExperimentConfig(BaseModel):
     participation_fraction: float = Field(1.0, gt=0, le=1)
     eval_every: int = Field(1, gt=0)
     few_shot_per_client: int = Field(0, ge=0)
+    id_evaluation: Literal[ID_EVALUATION_SITES] = "server"
     hp: dict[str, Any] = Field(default_factory=dict)
     run_dir: Path | None = None
 
@@ -176,9 +182,9 @@ def _partitions(config: ExperimentConfig, split, pooled: bool):
     return partition_one_client_per_domain(split)
 
 
-RESUMABLE_CHANGES = {"rounds", "data_root"}
-"""Settings that may differ between a run and its resumption (where the data is read may move,
-as in :func:`fedbed.sweep.config_hash`)."""
+RESUMABLE_CHANGES = {"rounds", "data_root", "id_evaluation"}
+"""Settings that may differ between a run and its resumption (where the data is read and where
+the holdouts are scored may change, as in :func:`fedbed.sweep.config_hash`)."""
 
 
 def prepare_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool, echo) -> None:
@@ -246,6 +252,16 @@ class BuiltRun:
         """Training data of one client (only its partition)."""
         return ClientData.from_dataset(self.dataset, self.partitions[client].indices)
 
+    def client_holdout(self, client: int) -> ClientData:
+        """One client's share of its source domains' id-validation holdouts
+        (:func:`fedbed.federation.client_evaluation.holdout_shares`)."""
+        shares = holdout_shares(self.split.holdout, [p.domains for p in self.partitions])
+        return ClientData.from_dataset(self.dataset, shares[client])
+
+    def evaluator(self) -> ClientEvaluator:
+        """The client half of id evaluation on clients."""
+        return ClientEvaluator(self.context.model_factory, self.dataset.task)
+
     def trainer(self):
         """A new instance of the method's client half."""
         return self.algorithm.create_trainer(self.hparams, self.context)
@@ -269,6 +285,8 @@ class BuiltRun:
             },
             domain_names=dataset.domain_names,
             task=dataset.task,
+            id_evaluation=self.config.id_evaluation,
+            client_domains=tuple(p.domains for p in self.partitions),
         )
         # The strategy may draw its own initial state (hFedF's hypernetwork): seeded here, so it
         # does not depend on what was built before it in this process (a Flower server builds no
@@ -327,6 +345,9 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, progress: 
     """
     built = build_run(config)
     clients = InProcessClients(built.trainer(), [built.client_data(k) for k in range(len(built.partitions))])
+    if config.id_evaluation == "clients":
+        clients.evaluator = built.evaluator()
+        clients.holdouts = [built.client_holdout(k) for k in range(len(built.partitions))]
     return execute_run(built, built.federation(clients), resume=resume, progress=progress, echo=echo)
 
 

@@ -97,12 +97,13 @@ def load_sweep(path: Path) -> SweepSpec:
 
 
 def config_hash(config: ExperimentConfig) -> str:
-    """A stable 12-hex-digit hash of every setting of a run except where it reads and writes
-    (``data_root``, ``run_dir``), so a sweep keeps its folders on a machine with its data elsewhere.
+    """A stable 12-hex-digit hash of every setting of a run except where it reads, writes and
+    scores its holdouts (``data_root``, ``run_dir``, ``id_evaluation``, which gives equal scores),
+    so a sweep keeps its folders on a machine with its data elsewhere.
 
     The settings are serialised as sorted JSON, so the hash depends only on their values.
     """
-    settings = config.model_dump(mode="json", exclude={"run_dir", "data_root"})
+    settings = config.model_dump(mode="json", exclude={"run_dir", "data_root", "id_evaluation"})
     canonical = json.dumps(settings, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 

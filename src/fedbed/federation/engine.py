@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from fedbed.data.splits import sample_clients
 from fedbed.seeding import derive_seed
+from fedbed.federation.client_evaluation import combine_client_statistics, evaluation_payloads
 from fedbed.federation.evaluation import evaluate_models
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import ClientInfo, Payload, Reply
@@ -50,6 +51,9 @@ class Federation:
         target: target domain id -> ood samples (evaluation only).
         domain_names: names of all domains of the dataset.
         task: ``"classification"`` or ``"regression"`` (decides the evaluation metric).
+        id_evaluation: ``"server"`` scores ``holdout`` here; ``"clients"`` has each client score
+            its own share of it (:mod:`fedbed.federation.client_evaluation`).
+        client_domains: per client id, the source domains it holds (for ``"clients"``).
     """
 
     strategy: ServerStrategy
@@ -58,6 +62,25 @@ class Federation:
     target: dict[int, ClientData]
     domain_names: tuple[str, ...]
     task: str = "classification"
+    id_evaluation: str = "server"
+    client_domains: tuple[tuple[int, ...], ...] = ()
+
+
+def evaluate_federation(federation: Federation) -> tuple[dict[str, Any], dict[str, str]]:
+    """Evaluate the strategy's models: id on the server or on the clients, ood on the server.
+
+    Returns:
+        ``(evaluation, dropped)``: :func:`~fedbed.federation.evaluation.evaluate_models`'s result,
+        and per client that could not evaluate, the reason (its domains' id scores are ``nan``).
+    """
+    models = federation.strategy.evaluation_models()
+    id_statistics, dropped = None, {}
+    if federation.id_evaluation == "clients":
+        payloads = evaluation_payloads(models, federation.client_domains)
+        id_statistics, dropped = combine_client_statistics(payloads, federation.clients.evaluate_round(payloads))
+    evaluation = evaluate_models(models, federation.holdout, federation.target, federation.domain_names,
+                                 federation.task, id_statistics)
+    return evaluation, dropped
 
 
 def check_reply(reply: Reply, expected: dict[str, torch.Tensor]) -> str | None:
@@ -199,13 +222,11 @@ def run_rounds(
         updates = client_updates(payloads, replies)
         alignment = alignment_telemetry(updates[1], updates[0]) if updates is not None else None
         summary = federation.strategy.aggregate(round_number, replies)
-        evaluation = None
+        evaluation, evaluation_dropped = None, {}
         evaluation_began = time.perf_counter()
         if eval_every and (round_number % eval_every == 0 or round_number == rounds):
-            evaluation = {"round": round_number, **evaluate_models(
-                federation.strategy.evaluation_models(), federation.holdout, federation.target,
-                federation.domain_names, federation.task,
-            )}
+            scores, evaluation_dropped = evaluate_federation(federation)
+            evaluation = {"round": round_number, **scores}
             evaluations.append(evaluation)
         record = {
             "round": round_number,
@@ -215,6 +236,7 @@ def run_rounds(
             "alignment": alignment,
             "telemetry": summary.telemetry,
             "evaluation": evaluation,
+            "evaluation_dropped": evaluation_dropped,
             "seconds": time.perf_counter() - began,
             "evaluation_seconds": time.perf_counter() - evaluation_began,
         }

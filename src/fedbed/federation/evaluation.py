@@ -19,40 +19,75 @@ from fedbed.federation.local_data import ClientData
 SELECTION_RULES = ("last", "train_domain_val", "oracle")
 
 
+_REGRESSION_SUMS = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")
+
+
 @torch.no_grad()
-def accuracy(model: nn.Module, data: ClientData, batch_size: int = 1024) -> float:
-    """Fraction of ``data`` whose arg-max logit equals the label, in [0, 1] (``nan`` if empty)."""
+def _outputs(model: nn.Module, data: ClientData, batch_size: int = 1024) -> torch.Tensor:
+    """The model's outputs on every sample of ``data``, in eval mode: ``[n, C]`` (or ``[n, 1]``)."""
+    was_training = model.training
+    model.eval()
+    outputs = torch.cat([model(data.inputs[s : s + batch_size]) for s in range(0, len(data), batch_size)])
+    model.train(was_training)
+    return outputs
+
+
+def metric_statistics(model: nn.Module, data: ClientData, task: str = "classification") -> dict[str, float]:
+    """Sums from which the task's metric follows, and which add up over disjoint parts of a set,
+    so that clients can each score their own share of a holdout and the server can combine them
+    exactly (:func:`score_from_statistics`).
+
+    Returns:
+        classification: ``{"n", "correct"}`` (samples; samples whose arg-max logit is the label);
+        regression: ``{"n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy"}`` over the outputs
+        ``x`` ``[n]`` and the targets ``y`` ``[n]``, in float64.
+
+    Raises:
+        KeyError: unknown task.
+    """
+    if task not in METRICS:
+        raise KeyError(f"unknown task {task!r}; choose one of {', '.join(METRICS)}")
     if len(data) == 0:
+        return {"n": 0.0, "correct": 0.0} if task == "classification" else dict.fromkeys(_REGRESSION_SUMS, 0.0)
+    outputs = _outputs(model, data)
+    if task == "classification":
+        return {"n": float(len(data)), "correct": float((outputs.argmax(dim=1) == data.targets).sum())}
+    x, y = outputs.squeeze(1).to(torch.float64), data.targets.to(torch.float64)
+    return {"n": float(len(data)), "sum_x": float(x.sum()), "sum_y": float(y.sum()), "sum_xx": float((x * x).sum()),
+            "sum_yy": float((y * y).sum()), "sum_xy": float((x * y).sum())}
+
+
+def add_statistics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """Key-wise sum of :func:`metric_statistics` of disjoint parts of one set."""
+    return {key: sum(part[key] for part in parts) for key in parts[0]} if parts else {}
+
+
+def score_from_statistics(statistics: dict[str, float], task: str = "classification") -> float:
+    """The task's metric from :func:`metric_statistics`: accuracy in percent, or Pearson's r
+    (PPDG's regression metric on Poverty, Sec. 4.2),
+    r = (n Σxy − Σx Σy) / sqrt((n Σxx − (Σx)²)(n Σyy − (Σy)²)).
+
+    ``nan`` for an empty set, for fewer than two regression samples, and for a constant output
+    or target.
+    """
+    n = statistics.get("n", 0.0)
+    if task == "classification":
+        return 100.0 * statistics["correct"] / n if n > 0 else float("nan")
+    if n < 2:
         return float("nan")
-    was_training = model.training
-    model.eval()
-    correct = 0
-    for start in range(0, len(data), batch_size):
-        logits = model(data.inputs[start : start + batch_size])
-        correct += int((logits.argmax(dim=1) == data.targets[start : start + batch_size]).sum())
-    model.train(was_training)
-    return correct / len(data)
-
-
-@torch.no_grad()
-def pearson_r(model: nn.Module, data: ClientData, batch_size: int = 1024) -> float:
-    """Pearson correlation between the model's outputs ``[n, 1]`` and the targets ``[n]``
-    (PPDG's regression metric on Poverty, Sec. 4.2); ``nan`` if fewer than two samples or a
-    constant prediction or target."""
-    if len(data) < 2:
+    covariance = n * statistics["sum_xy"] - statistics["sum_x"] * statistics["sum_y"]
+    variance_x = n * statistics["sum_xx"] - statistics["sum_x"] ** 2
+    variance_y = n * statistics["sum_yy"] - statistics["sum_y"] ** 2
+    if variance_x <= 0 or variance_y <= 0:
         return float("nan")
-    was_training = model.training
-    model.eval()
-    outputs = torch.cat([model(data.inputs[s : s + batch_size]).squeeze(1) for s in range(0, len(data), batch_size)])
-    model.train(was_training)
-    stacked = torch.stack([outputs.to(torch.float64), data.targets.to(torch.float64)])
-    if bool((stacked.std(dim=1) == 0).any()):
-        return float("nan")
-    return float(torch.corrcoef(stacked)[0, 1])
+    return covariance / math.sqrt(variance_x * variance_y)
 
 
-METRICS = {"classification": ("accuracy", lambda m, d: 100.0 * accuracy(m, d)), "regression": ("pearson_r", pearson_r)}
-"""Per task: the metric's name and a function ``(model, data) -> value`` (accuracy in percent)."""
+METRICS = {"classification": "accuracy", "regression": "pearson_r"}
+"""Per task: the name of its metric (accuracy in percent; Pearson r)."""
+
+IdStatistics = dict[tuple[int, int], dict[str, float]]
+"""``(model index, source domain id) -> metric statistics`` of a model on a domain's holdout."""
 
 
 def evaluate_models(
@@ -61,6 +96,7 @@ def evaluate_models(
     target: dict[int, ClientData],
     domain_names: tuple[str, ...],
     task: str = "classification",
+    id_statistics: IdStatistics | None = None,
 ) -> dict[str, Any]:
     """id and ood scores: accuracy (percent) or, for regression, Pearson r, per domain.
 
@@ -68,19 +104,31 @@ def evaluate_models(
         models: ``(model, domains)`` pairs; a model counts towards the id accuracy of the source
             domains in ``domains`` (all if ``None``) and towards every target domain. Several
             models (Local-only) are averaged.
-        holdout: source domain id -> its id-validation samples.
+        holdout: source domain id -> its id-validation samples (read only when
+            ``id_statistics`` is ``None``).
         target: target domain id -> its samples.
         domain_names: names for the keys of the result.
         task: ``"classification"`` or ``"regression"`` (see :data:`METRICS`).
+        id_statistics: the id statistics as the clients computed them on their shares of the
+            holdouts (:mod:`fedbed.federation.client_evaluation`); a pair missing from it (its
+            client was lost) makes that domain's id score ``nan``.
 
     Returns:
         ``{"metric": name, "id": {domain: score}, "id_mean": float, "ood": {domain: score},
         "ood_mean": float}``; the means are unweighted over domains.
     """
-    metric_name, score = METRICS[task]
-    result: dict[str, Any] = {"metric": metric_name, "id": {}, "ood": {}}
+    result: dict[str, Any] = {"metric": METRICS[task], "id": {}, "ood": {}}
+
+    def score(model: nn.Module, data: ClientData) -> float:
+        return score_from_statistics(metric_statistics(model, data, task), task)
+
     for domain_id, data in holdout.items():
-        scores = [score(m, data) for m, ds in models if ds is None or domain_id in ds]
+        counted = [j for j, (_, ds) in enumerate(models) if ds is None or domain_id in ds]
+        if id_statistics is None:
+            scores = [score(models[j][0], data) for j in counted]
+        else:
+            scores = [score_from_statistics(id_statistics[(j, domain_id)], task) if (j, domain_id) in id_statistics
+                      else float("nan") for j in counted]
         if scores:
             result["id"][domain_names[domain_id]] = sum(scores) / len(scores)
     for domain_id, data in target.items():

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from fedbed.federation.client_evaluation import ClientEvaluator
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.strategy import ClientTrainer
@@ -53,6 +54,15 @@ class ClientTransport(ABC):
             client raised, its node was lost, it timed out); the engine drops those clients.
         """
 
+    @abstractmethod
+    def evaluate_round(self, payloads: dict[int, Payload]) -> dict[int, Reply | str]:
+        """Have every client of ``payloads`` score the models it received on its own id-holdout
+        share (:class:`~fedbed.federation.client_evaluation.ClientEvaluator`).
+
+        Returns:
+            Per client id, its reply (statistics as metrics) or a one-line reason why there is none.
+        """
+
     def state_dict(self) -> Any:
         """The clients' persistent states for a checkpoint, or ``None`` where they live on the
         clients' own machines."""
@@ -70,11 +80,15 @@ class InProcessClients(ClientTransport):
         trainer: the client half of the method (one instance, reused by every client).
         data: training data per client id (index = client id).
         states: persistent per-client dicts (see :meth:`ClientTrainer.fit`), checkpointed.
+        evaluator: the client half of id evaluation on clients (``None``: the server evaluates).
+        holdouts: each client's id-holdout share, for ``evaluator``.
     """
 
     trainer: ClientTrainer
     data: list[ClientData]
     states: list[dict[str, Any]] = field(default_factory=list)
+    evaluator: ClientEvaluator | None = None
+    holdouts: list[ClientData] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.states:
@@ -90,6 +104,17 @@ class InProcessClients(ClientTransport):
             try:
                 outcomes[client] = fit_client(self.trainer, payload, self.data[client], self.states[client])
             except Exception as error:  # a failing client is dropped from the round, never fatal
+                outcomes[client] = f"raised {type(error).__name__}: {error}"
+        return outcomes
+
+    def evaluate_round(self, payloads: dict[int, Payload]) -> dict[int, Reply | str]:
+        if self.evaluator is None:
+            return {client: "this run evaluates on the server (no client evaluator)" for client in payloads}
+        outcomes: dict[int, Reply | str] = {}
+        for client, payload in payloads.items():
+            try:
+                outcomes[client] = self.evaluator.evaluate(payload, self.holdouts[client])
+            except Exception as error:  # a failing client leaves its domains unscored, never fatal
                 outcomes[client] = f"raised {type(error).__name__}: {error}"
         return outcomes
 

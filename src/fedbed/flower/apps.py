@@ -4,8 +4,10 @@ The ServerApp builds the run from its :class:`~fedbed.experiment.ExperimentConfi
 split, partitions and initial model) and drives the ordinary engine
 (:func:`fedbed.experiment.execute_run`) with :class:`FlowerClients` as its transport: each
 round, every selected client gets its own message (``dst_node_id``), so methods that send
-different arrays to different clients (hFedF, pFedHN) work unchanged. Evaluation (id holdouts
-and the target domain) runs on the server, as Flower's centralised evaluation.
+different arrays to different clients (hFedF, pFedHN) work unchanged. The target domain is
+scored on the server; the id holdouts too by default (Flower's centralised evaluation), or, with
+``id_evaluation: clients``, by each site on its own holdout share through ``evaluate`` messages
+(Flower's federated evaluation; :mod:`fedbed.federation.client_evaluation`).
 
 Each ClientApp is one FedBed client: its id is the ``partition-id`` of its node's
 ``node_config``; it builds only its own partition's training data from its own data root and
@@ -57,13 +59,25 @@ def cached_run(config_json: str) -> BuiltRun:
     return build_run(ExperimentConfig.model_validate_json(config_json))
 
 
-@functools.lru_cache(maxsize=8)
-def _client(config_json: str, client: int) -> tuple[Any, Any]:
-    """The method's client half and the training data of one client, built once per process."""
+def _checked_run(config_json: str, client: int) -> BuiltRun:
     built = cached_run(config_json)
     if not 0 <= client < len(built.partitions):
         raise FlowerError(f"partition-id {client} is out of range: this run has {len(built.partitions)} clients (0..{len(built.partitions) - 1})")
+    return built
+
+
+@functools.lru_cache(maxsize=8)
+def _client(config_json: str, client: int) -> tuple[Any, Any]:
+    """The method's client half and the training data of one client, built once per process."""
+    built = _checked_run(config_json, client)
     return built.trainer(), built.client_data(client)
+
+
+@functools.lru_cache(maxsize=8)
+def _client_evaluation(config_json: str, client: int) -> tuple[Any, Any]:
+    """The client half of id evaluation and one client's holdout share, built once per process."""
+    built = _checked_run(config_json, client)
+    return built.evaluator(), built.client_holdout(client)
 
 
 def client_id_of(context: Context) -> int:
@@ -102,6 +116,16 @@ def client_train(message: Message, context: Context, config_json: str) -> Messag
     reply = fit_client(trainer, payload_from_records(message.content), data, state)
     _save_state(context, state)
     return Message(reply_to_records(reply), reply_to=message)
+
+
+def client_evaluate(message: Message, context: Context, config_json: str) -> Message:
+    """Score the received models on this node's id-holdout share (Flower's ``evaluate`` message).
+
+    The reply carries sums only (sample and correct counts per model and domain; see
+    :func:`fedbed.federation.evaluation.metric_statistics`), never samples or predictions.
+    """
+    evaluator, holdout = _client_evaluation(config_json, client_id_of(context))
+    return Message(reply_to_records(evaluator.evaluate(payload_from_records(message.content), holdout)), reply_to=message)
 
 
 def client_query(message: Message, context: Context) -> Message:
@@ -155,7 +179,15 @@ class FlowerClients(ClientTransport):
         return node_of
 
     def fit_round(self, payloads: dict[int, Payload]) -> dict[int, Reply | str]:
-        self.round_number += 1
+        self.round_number = next((int(p.config["round"]) for p in payloads.values() if "round" in p.config),
+                                 self.round_number + 1)
+        return self._send(payloads, "train", str(self.round_number))
+
+    def evaluate_round(self, payloads: dict[int, Payload]) -> dict[int, Reply | str]:
+        return self._send(payloads, "evaluate", f"{self.round_number}-evaluate")
+
+    def _send(self, payloads: dict[int, Payload], message_type: str, group_id: str) -> dict[int, Reply | str]:
+        """One message of ``message_type`` per client; per client its reply or why there is none."""
         connected = set(self.grid.get_node_ids())
         outcomes: dict[int, Reply | str] = {
             client: "its SuperNode left the federation" if self.node_of[client] not in connected
@@ -164,8 +196,8 @@ class FlowerClients(ClientTransport):
         }
         reachable = {client: payload for client, payload in payloads.items() if self.node_of[client] in connected}
         sent = {
-            client: Message(payload_to_records(payload), dst_node_id=self.node_of[client], message_type="train",
-                            group_id=str(payload.config.get("round", self.round_number)))
+            client: Message(payload_to_records(payload), dst_node_id=self.node_of[client], message_type=message_type,
+                            group_id=group_id)
             for client, payload in reachable.items()
         }
         replies = list(self.grid.send_and_receive(list(sent.values()), timeout=self.round_timeout)) if sent else []
@@ -205,6 +237,10 @@ def make_apps(config: ExperimentConfig, backend: str, outcome: dict[str, Any], p
     def _train(message: Message, context: Context) -> Message:
         return client_train(message, context, config_json)
 
+    @client.evaluate()
+    def _evaluate(message: Message, context: Context) -> Message:
+        return client_evaluate(message, context, config_json)
+
     client.query()(client_query)
     return server, client
 
@@ -224,6 +260,11 @@ def _deployed_main(grid: Grid, context: Context) -> None:
 @client_app.train()
 def _deployed_train(message: Message, context: Context) -> Message:
     return client_train(message, context, str(context.run_config[CONFIG_KEY]))
+
+
+@client_app.evaluate()
+def _deployed_evaluate(message: Message, context: Context) -> Message:
+    return client_evaluate(message, context, str(context.run_config[CONFIG_KEY]))
 
 
 client_app.query()(client_query)
