@@ -22,6 +22,7 @@ runner = CliRunner()
         (["--hp", "lambda=0.1"], "fedavg has no hyperparameter 'lambda'"),
         (["--hp", "oops"], "--hp expects key=value"),
         (["--data-root", "/nonexistent/folder"], "does not exist"),
+        (["--id-evaluation", "site"], "id_evaluation: Input should be 'server' or 'clients'"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(arguments, message, tmp_path):
@@ -39,6 +40,25 @@ def test_config_file_errors(tmp_path):
     config.write_text("rounds: 2\nlearning_rate: 3\n")
     result = runner.invoke(app, ["run", "--config", str(config), "--run-dir", str(tmp_path / "run")])
     assert result.exit_code == 2 and "unknown setting 'learning_rate'" in result.output
+
+
+def test_flower_app_writes_the_run_for_flwr_run(tmp_path):
+    import tomllib
+
+    from fedbed.experiment import ExperimentConfig
+
+    config = tmp_path / "run.yaml"
+    config.write_text("algorithm: hfedf\nrounds: 3\nid_evaluation: clients\n")
+    result = runner.invoke(app, ["flower-app", str(tmp_path / "job"), "--config", str(config), "--round-timeout", "60"])
+    assert result.exit_code == 0, result.output
+    project = tomllib.loads((tmp_path / "job" / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    assert project["components"] == {"serverapp": "fedbed.flower.apps:server_app", "clientapp": "fedbed.flower.apps:client_app"}
+    written = ExperimentConfig.model_validate_json(project["config"]["fedbed-config"])
+    assert (written.algorithm, written.rounds, written.id_evaluation, written.data_root) == ("hfedf", 3, "clients", None)
+    assert project["config"]["fedbed-round-timeout"] == 60.0
+    config.write_text("algorithm: fedfoo\n")
+    bad = runner.invoke(app, ["flower-app", str(tmp_path / "other"), "--config", str(config)])
+    assert bad.exit_code == 2 and "unknown algorithm 'fedfoo'" in bad.output and not (tmp_path / "other").exists()
 
 
 def test_datasets_lists_where_data_was_found(shared_data):

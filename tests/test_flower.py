@@ -13,7 +13,8 @@ from flwr.app import Context, Message, Metadata, RecordDict
 from fedbed.experiment import ExperimentConfig, build_run, run_experiment
 from fedbed.federation.engine import LOG_NAME
 from fedbed.federation.messages import Payload, Reply
-from fedbed.flower.apps import STATE_RECORD, client_train
+from fedbed.federation.client_evaluation import evaluation_payloads
+from fedbed.flower.apps import STATE_RECORD, client_evaluate, client_train
 from fedbed.flower.deployment import local_federation, run_flower_deployment, write_app
 from fedbed.flower.launch import run_flower_simulation
 from fedbed.flower.records import payload_from_records, payload_to_records, reply_from_records, reply_to_records
@@ -83,6 +84,12 @@ def test_a_site_sends_only_parameters_and_metrics(tmp_path):
     assert set(content.metric_records["metrics"]) == {"loss", "num_examples"}
     assert content.metric_records["metrics"]["num_examples"] == len(built.partitions[1].indices)
     assert STATE_RECORD in context.state.config_records  # the client state stayed on the node
+    # Evaluating on its id-holdout share, it sends back counts per model and domain, nothing else.
+    payload = evaluation_payloads([(built.initial_model, None)], [p.domains for p in built.partitions])[1]
+    scored = client_evaluate(instruction(payload_to_records(payload), node=9), context, config.model_dump_json()).content
+    assert not scored.config_records and not scored.array_records["arrays"]
+    expected = {f"model0/domain{d}/{s}" for d in built.partitions[1].domains for s in ("n", "correct")}
+    assert set(scored.metric_records["metrics"]) == expected | {"num_examples"}
 
 
 def final_metrics(run_dir):
@@ -107,9 +114,10 @@ def test_same_results_in_process_on_flower_sim_and_on_a_deployment(tmp_path, alg
     torch.set_num_threads(1)
     try:
         run_experiment(tiny(algorithm, tmp_path / "in-process"), progress=False, echo=lambda *_: None)
-        summary = run_flower_simulation(tiny(algorithm, tmp_path / "sim"), echo=lambda *_: None, cpus=2)
-        deployed = run_flower_deployment(tiny(algorithm, tmp_path / "deployment"), echo=lambda *_: None,
-                                         work_dir=tmp_path / "flower")
+        # On Flower the sites score their own id holdouts (@app.evaluate); in-process the server does.
+        summary = run_flower_simulation(tiny(algorithm, tmp_path / "sim", id_evaluation="clients"), echo=lambda *_: None, cpus=2)
+        deployed = run_flower_deployment(tiny(algorithm, tmp_path / "deployment", id_evaluation="clients"),
+                                         echo=lambda *_: None, work_dir=tmp_path / "flower")
     finally:
         torch.set_num_threads(threads)
     assert summary["backend"] == "flower-sim" and deployed["backend"] == "flower-deployment"
@@ -119,7 +127,7 @@ def test_same_results_in_process_on_flower_sim_and_on_a_deployment(tmp_path, alg
 
 
 def test_a_lost_supernode_is_dropped_and_the_rounds_go_on(tmp_path, no_orphans):
-    config = tiny("fedavg", (tmp_path / "run").resolve(), rounds=3)
+    config = tiny("fedavg", (tmp_path / "run").resolve(), rounds=3, id_evaluation="clients")
     app = write_app(tmp_path / "app", config, round_timeout=45.0)
     log = config.run_dir / LOG_NAME
     with local_federation(2, tmp_path) as (processes, environment):
@@ -136,7 +144,10 @@ def test_a_lost_supernode_is_dropped_and_the_rounds_go_on(tmp_path, no_orphans):
             job.kill()
     rounds = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["round"] for r in rounds] == [1, 2, 3]
-    assert rounds[0]["dropped"] == {}
+    assert rounds[0]["dropped"] == {} and rounds[0]["evaluation_dropped"] == {}
+    assert rounds[0]["evaluation"]["id_mean"] is not None
     for later in rounds[1:]:
         assert set(later["dropped"]) == {"1"} and "SuperNode" in later["dropped"]["1"]
+        # Site 1's holdout share is gone: its domains have no id score rather than one on part of the holdout.
+        assert set(later["evaluation_dropped"]) == {"1"} and later["evaluation"]["id_mean"] is None
     assert json.loads((config.run_dir / "summary.json").read_text())["selection"]["last"]["round"] == 3

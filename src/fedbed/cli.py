@@ -118,6 +118,29 @@ def run(
         typer.echo(f"summary: {each.resolved_run_dir() / 'summary.json'}")
 
 
+@app.command("flower-app")
+def flower_app(
+    folder: Annotated[Path, typer.Argument(help="Folder to write the Flower App into (created).")],
+    config: Annotated[Path, typer.Option(help="YAML file of the run's settings (leave data_root out: each machine reads its own $FEDBED_DATA).")],
+    round_timeout: Annotated[float, typer.Option(help="Seconds to wait for a round's replies before dropping silent sites.")] = 3600.0,
+) -> None:
+    """Write a Flower App for one run, to submit with `flwr run FOLDER FEDERATION` to a SuperLink
+    whose SuperNodes run FedBed's ClientApp (the manual mode of "Running across machines")."""
+    from fedbed.experiment import ConfigError, config_from_mapping, load_config_file, validate
+    from fedbed.flower.deployment import write_app
+
+    try:
+        run = config_from_mapping(load_config_file(config))
+        validate(run)
+    except ConfigError as error:
+        fail(str(error))
+    if round_timeout <= 0:
+        fail(f"--round-timeout must be positive, got {round_timeout}")
+    write_app(folder, run, round_timeout=round_timeout)
+    typer.echo(f"Flower App for {run.algorithm} on {run.dataset}, target {run.target}: {folder / 'pyproject.toml'}")
+    typer.echo(f"submit it with: flwr run {folder} <federation> --stream")
+
+
 @app.command()
 def datasets(
     data_root: Annotated[Optional[Path], typer.Option(help="Dataset folder (default: $FEDBED_DATA).")] = None,
