@@ -1,5 +1,6 @@
 """The command line: bad input gives one line, exit code 2, no traceback, nothing written."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -116,6 +117,14 @@ def test_plot_alignment_writes_pngs(tmp_path):
     assert all((run_dir / "plots" / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
     result = runner.invoke(app, ["plot", "alignment", str(tmp_path / "nothing")])
     assert result.exit_code == 2 and "does not exist" in result.output
+    # A diverged round logs its non-finite cosines and norms as null; the plots still draw.
+    log = run_dir / "rounds.jsonl"
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    records[1]["alignment"]["cosine"][0][1] = None
+    records[1]["alignment"]["update_norms"][0] = None
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = runner.invoke(app, ["plot", "alignment", str(run_dir)])
+    assert result.exit_code == 0, result.output
 
 
 def test_resume_and_run_directory_guards(tmp_path):

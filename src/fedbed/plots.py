@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -70,7 +71,8 @@ def plot_alignment(run_dir: Path, max_heatmaps: int = 16) -> list[Path]:
 
     def heatmap(axis, record):
         alignment = record["alignment"]
-        image = axis.imshow(alignment["cosine"], vmin=-1, vmax=1, cmap="RdBu")
+        # A diverged round logs non-finite cosines as null: drawn as blank cells.
+        image = axis.imshow(np.array(alignment["cosine"], dtype=float), vmin=-1, vmax=1, cmap="RdBu")
         labels = [str(c) for c in alignment["clients"]]
         axis.set_xticks(range(len(labels)), labels)
         axis.set_yticks(range(len(labels)), labels)
@@ -111,7 +113,7 @@ def plot_alignment(run_dir: Path, max_heatmaps: int = 16) -> list[Path]:
     axes[0].set_ylabel("conflicting pairs")
     clients = sorted({c for r in records for c in r["alignment"]["clients"]})
     for client in clients:
-        points = [(r["round"], r["alignment"]["update_norms"][r["alignment"]["clients"].index(client)])
+        points = [(r["round"], _finite(r["alignment"]["update_norms"][r["alignment"]["clients"].index(client)]))
                   for r in records if client in r["alignment"]["clients"]]
         axes[1].plot(*zip(*points), marker=".", label=f"client {client}")
         weights = [(r["round"], _aggregation_weights(r)[client]) for r in records if client in _aggregation_weights(r)]
@@ -129,6 +131,11 @@ def plot_alignment(run_dir: Path, max_heatmaps: int = 16) -> list[Path]:
     plt.close(figure)
     written.append(path)
     return written
+
+
+def _finite(value: float | None) -> float:
+    """A logged number, null (a non-finite value in the strict-JSON log) read back as ``nan``."""
+    return float("nan") if value is None else float(value)
 
 
 def _mean_std_by_round(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float], list[float]]:
