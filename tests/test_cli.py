@@ -36,6 +36,21 @@ def test_bad_input_is_one_line_exit_2_nothing_written(arguments, message, tmp_pa
     assert not run_dir.exists()
 
 
+@pytest.mark.parametrize("arguments, message", [
+    (["run", "--rounds", "abc"], "error: Invalid value for '--rounds': 'abc' is not a valid integer; see `"),
+    (["run", "--no-such-flag"], "error: No such option '--no-such-flag'; see `"),
+    (["run", "--dataset", "Foo", "--run-dir", "unused"], "error: unknown dataset 'Foo'"),
+])
+def test_the_fedbed_script_prints_one_line_and_exits_2(arguments, message, tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "fedbed", *arguments], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith(message) and len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr and not (tmp_path / "unused").exists()
+
+
 def test_config_file_errors(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("rounds: 2\nlearning_rate: 3\n")

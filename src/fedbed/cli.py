@@ -301,5 +301,21 @@ def plot_alignment_command(
 
 
 def main() -> None:
-    """Entry point of the ``fedbed`` script."""
-    app()
+    """Entry point of the ``fedbed`` script.
+
+    A malformed command line (an unknown option, ``--rounds abc``) prints one line and exits
+    with code 2, as every other bad input does, instead of click's usage box.
+    """
+    import click
+
+    try:
+        code = app(standalone_mode=False)  # returns the code of a typer.Exit instead of exiting
+    except click.UsageError as error:
+        hint = f"; see `{error.ctx.command_path} --help`" if error.ctx is not None else ""
+        typer.echo(f"error: {error.format_message().rstrip('.')}{hint}", err=True)
+        raise SystemExit(USAGE_ERROR) from None
+    except click.exceptions.Abort:
+        typer.echo("aborted", err=True)
+        raise SystemExit(130) from None
+    if isinstance(code, int) and code:
+        raise SystemExit(code)
