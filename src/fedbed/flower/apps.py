@@ -52,8 +52,10 @@ PARTITION_ID = "partition-id"
 
 @functools.lru_cache(maxsize=2)
 def cached_run(config_json: str) -> BuiltRun:
-    """The run of an experiment config (JSON), built once per process: a SuperNode's ClientApp
-    is called every round, and building loads the dataset.
+    """The run of an experiment config (JSON), built once per process (building loads the
+    dataset): Flower's simulation engine keeps its ClientApp actors alive across rounds, so they
+    build it once; a deployed SuperNode starts a new ClientApp process for every message (Flower's
+    subprocess isolation), which builds it again.
 
     Raises:
         ConfigError: as :func:`fedbed.experiment.build_run`.
