@@ -76,6 +76,12 @@ def evaluation_payloads(models: list[tuple[nn.Module, tuple[int, ...] | None]],
     return payloads
 
 
+def _scored(payload: Payload) -> list[tuple[int, list[int]]]:
+    """``(model index, domain ids)`` pairs that ``payload`` asks its client to score."""
+    return [(int(key.removeprefix("model").removesuffix("/domains")), [int(d) for d in str(value).split(",")])
+            for key, value in payload.config.items() if key.startswith("model") and key.endswith("/domains")]
+
+
 @dataclass
 class ClientEvaluator:
     """The client half of id evaluation: loads each received model into one local instance and
@@ -104,13 +110,11 @@ class ClientEvaluator:
             with torch.random.fork_rng():  # building the model must not move the training draws
                 self._model = self.model_factory()
         metrics: dict[str, float] = {}
-        for key, value in payload.config.items():
-            prefix = key.removesuffix("/domains")
-            if prefix == key:
-                continue
+        for j, domains in _scored(payload):
+            prefix = f"model{j}"
             state = {name.removeprefix(prefix + "/"): t for name, t in payload.arrays.items() if name.startswith(prefix + "/")}
             self._model.load_state_dict(state)
-            for domain in map(int, str(value).split(",")):
+            for domain in domains:
                 part = holdout.domains == domain
                 share = ClientData(holdout.inputs[part], holdout.targets[part], holdout.domains[part])
                 for statistic, amount in metric_statistics(self._model, share, self.task).items():
@@ -136,8 +140,7 @@ def combine_client_statistics(payloads: dict[int, Payload],
     incomplete: set[tuple[int, int]] = set()
     dropped: dict[str, str] = {}
     for client, payload in payloads.items():
-        expected = [(int(key.removesuffix("/domains").removeprefix("model")), int(d))
-                    for key, value in payload.config.items() if key.endswith("/domains") for d in str(value).split(",")]
+        expected = [(j, d) for j, domains in _scored(payload) for d in domains]
         outcome = outcomes.get(client, "no reply")
         if isinstance(outcome, Reply):
             missing = [pair for pair in expected if f"model{pair[0]}/domain{pair[1]}/n" not in outcome.metrics]
