@@ -1,10 +1,12 @@
 """The command line: bad input gives one line, exit code 2, no traceback, nothing written."""
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from fedbed.cli import app
@@ -118,6 +120,13 @@ def test_run_prints_the_table_and_resumes(tmp_path):
     result = runner.invoke(app, [*base[:2], "3", *base[3:], "--resume"])
     assert result.exit_code == 0, result.output
     assert len((run_dir / "rounds.jsonl").read_text().splitlines()) == 3
+    # A run folder moved elsewhere (another disk, another machine) still resumes there.
+    moved = tmp_path / "moved"
+    shutil.copytree(run_dir, moved)
+    result = runner.invoke(app, ["run", "--rounds", "4", "--local-steps", "1", "--run-dir", str(moved), "--no-progress", "--resume"])
+    assert result.exit_code == 0, result.output
+    assert len((moved / "rounds.jsonl").read_text().splitlines()) == 4
+    assert yaml.safe_load((moved / "config.yaml").read_text())["run_dir"] == str(moved)
 
 
 def test_plot_alignment_writes_pngs(tmp_path):

@@ -182,9 +182,16 @@ def _partitions(config: ExperimentConfig, split, pooled: bool):
     return partition_one_client_per_domain(split)
 
 
-RESUMABLE_CHANGES = {"rounds", "data_root", "id_evaluation"}
-"""Settings that may differ between a run and its resumption (where the data is read and where
-the holdouts are scored may change, as in :func:`fedbed.sweep.config_hash`)."""
+PLACEMENT_SETTINGS = frozenset({"data_root", "run_dir", "id_evaluation"})
+"""Settings that say where a run reads its data, writes its files and scores its id holdouts,
+not what it computes (site-side and server-side id scores are equal,
+:mod:`fedbed.federation.client_evaluation`): left out of a sweep job's hash
+(:func:`fedbed.sweep.config_hash`), and free to change when a run is resumed, so a run folder
+or its data may move between machines."""
+
+RESUMABLE_CHANGES = PLACEMENT_SETTINGS | {"rounds"}
+"""Settings that may differ between a run and its resumption: :data:`PLACEMENT_SETTINGS`, and
+the number of rounds (a finished run may be continued to a longer budget)."""
 
 
 def prepare_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool, echo) -> None:

@@ -35,7 +35,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tqdm import tqdm
 
 from fedbed.data import dataset_spec
-from fedbed.experiment import ConfigError, ExperimentConfig, config_from_mapping, run_experiment, validate
+from fedbed.experiment import (
+    PLACEMENT_SETTINGS,
+    ConfigError,
+    ExperimentConfig,
+    config_from_mapping,
+    run_experiment,
+    validate,
+)
 from fedbed.federation.engine import CHECKPOINT_NAME
 
 DONE_MARKER = "done"
@@ -97,13 +104,13 @@ def load_sweep(path: Path) -> SweepSpec:
 
 
 def config_hash(config: ExperimentConfig) -> str:
-    """A stable 12-hex-digit hash of every setting of a run except where it reads, writes and
-    scores its holdouts (``data_root``, ``run_dir``, ``id_evaluation``, which gives equal scores),
-    so a sweep keeps its folders on a machine with its data elsewhere.
+    """A stable 12-hex-digit hash of every setting of a run except
+    :data:`~fedbed.experiment.PLACEMENT_SETTINGS` (where it reads, writes and scores its
+    holdouts), so a sweep keeps its folders on a machine with its data elsewhere.
 
     The settings are serialised as sorted JSON, so the hash depends only on their values.
     """
-    settings = config.model_dump(mode="json", exclude={"run_dir", "data_root", "id_evaluation"})
+    settings = config.model_dump(mode="json", exclude=set(PLACEMENT_SETTINGS))
     canonical = json.dumps(settings, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
