@@ -85,7 +85,7 @@ def test_a_lost_client_leaves_its_domains_unscored_not_half_scored():
 @pytest.mark.parametrize("algorithm", ["local", "hfedf"])  # a model per client, trained or generated
 def test_scores_on_the_clients_equal_the_servers(tmp_path, algorithm):
     def run(site):
-        config = ExperimentConfig(algorithm=algorithm, rounds=1, local_steps=2, batch_size=16, partition="domains_per_client",
+        config = ExperimentConfig(algorithm=algorithm, model="lenet", rounds=1, local_steps=2, batch_size=16, partition="domains_per_client",
                                   num_clients=3, domains_per_client=2, seed=1, id_evaluation=site, run_dir=tmp_path / site)
         run_experiment(config, progress=False, echo=lambda *_: None)
         return [json.loads(line) for line in (tmp_path / site / "rounds.jsonl").read_text().splitlines()]

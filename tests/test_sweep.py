@@ -20,7 +20,7 @@ runner = CliRunner()
 def tiny_spec(**changes) -> SweepSpec:
     values = dict(
         name="tiny",
-        base={"dataset": "RotatedMNIST", "rounds": 2, "local_steps": 1, "batch_size": 16},
+        base={"dataset": "RotatedMNIST", "model": "lenet", "rounds": 2, "local_steps": 1, "batch_size": 16},
         algorithms=["fedavg", "ppdg"],
         targets=["0", "15"],
         seeds=[0, 1],
