@@ -112,7 +112,7 @@ def test_data_prepare_unknown_dataset_is_one_line_exit_2(tmp_path):
 
 def test_run_prints_the_table_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
-    base = ["run", "--rounds", "2", "--local-steps", "1", "--run-dir", str(run_dir), "--no-progress"]
+    base = ["run", "--rounds", "2", "--local-steps", "1", "--run-dir", str(run_dir), "--no-progress", "--model", "lenet"]
     result = runner.invoke(app, base)
     assert result.exit_code == 0, result.output
     assert "embedded MNIST sample" in result.output and "ood mean" in result.output
@@ -123,7 +123,7 @@ def test_run_prints_the_table_and_resumes(tmp_path):
     # A run folder moved elsewhere (another disk, another machine) still resumes there.
     moved = tmp_path / "moved"
     shutil.copytree(run_dir, moved)
-    result = runner.invoke(app, ["run", "--rounds", "4", "--local-steps", "1", "--run-dir", str(moved), "--no-progress", "--resume"])
+    result = runner.invoke(app, ["run", "--rounds", "4", "--local-steps", "1", "--run-dir", str(moved), "--no-progress", "--model", "lenet", "--resume"])
     assert result.exit_code == 0, result.output
     assert len((moved / "rounds.jsonl").read_text().splitlines()) == 4
     assert yaml.safe_load((moved / "config.yaml").read_text())["run_dir"] == str(moved)
@@ -131,7 +131,7 @@ def test_run_prints_the_table_and_resumes(tmp_path):
 
 def test_plot_alignment_writes_pngs(tmp_path):
     run_dir = tmp_path / "run"
-    result = runner.invoke(app, ["run", "--algorithm", "ppdg", "--rounds", "2", "--local-steps", "1",
+    result = runner.invoke(app, ["run", "--algorithm", "ppdg", "--model", "lenet", "--rounds", "2", "--local-steps", "1",
                                  "--run-dir", str(run_dir), "--no-progress"])
     assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["plot", "alignment", str(run_dir)])
@@ -161,7 +161,7 @@ def test_resume_and_run_directory_guards(tmp_path):
     result = runner.invoke(app, ["run", "--run-dir", str(other)])
     assert result.exit_code == 2 and "holds no FedBed run" in result.output
     assert (other / "notes.txt").read_text() == "keep me"
-    base = ["run", "--rounds", "1", "--local-steps", "1", "--run-dir", str(run_dir), "--no-progress"]
+    base = ["run", "--rounds", "1", "--local-steps", "1", "--run-dir", str(run_dir), "--no-progress", "--model", "lenet"]
     assert runner.invoke(app, base).exit_code == 0
     result = runner.invoke(app, [*base, "--resume", "--algorithm", "ppdg"])
     assert result.exit_code == 2 and "differ in algorithm" in result.output

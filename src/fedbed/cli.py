@@ -42,6 +42,8 @@ def run(
     dataset: Annotated[Optional[str], typer.Option(help="Dataset name (see `fedbed datasets`).")] = None,
     target: Annotated[Optional[str], typer.Option(help="Held-out target domain, or 'all' for one run per domain.")] = None,
     algorithm: Annotated[Optional[str], typer.Option(help="Registered algorithm (see `fedbed algorithms`).")] = None,
+    model: Annotated[Optional[str], typer.Option(
+        help="Model name, e.g. lenet (default: the dataset's own; an unknown name lists the choices).")] = None,
     rounds: Annotated[Optional[int], typer.Option(help="Communication rounds.")] = None,
     local_epochs: Annotated[Optional[int], typer.Option(help="Local epochs per round.")] = None,
     local_steps: Annotated[Optional[int], typer.Option(help="Local batches per round (instead of epochs).")] = None,
@@ -81,6 +83,7 @@ def run(
             "dataset": dataset,
             "target": target,
             "algorithm": algorithm,
+            "model": model,
             "rounds": rounds,
             "local_epochs": local_epochs,
             "local_steps": local_steps,
