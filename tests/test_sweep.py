@@ -86,6 +86,12 @@ def test_results_report_and_html(tmp_path):
     assert "± SE over seeds" in result.output and "| ppdg |" in result.output and "vs fedavg" in result.output
     latex = runner.invoke(app, ["report", str(tmp_path), "--format", "latex", "--selection", "oracle"])
     assert "\\begin{tabular}" in latex.output and "oracle: reads the target" in latex.output
+    assert "warning" not in result.output  # every run was made by this code
+    stale = next(tmp_path.glob("*/summary.json"))
+    stale.write_text(json.dumps({**json.loads(stale.read_text()), "provenance": [{"source": "0123456789ab"}]}))
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 0 and "warning: these runs were made by 2 versions" in result.output
+    assert "0123456789ab: 1" in result.output
     page = html_path.read_text()
     # Two accuracy curves (one per target), the per-domain bars and the alignment telemetry.
     assert page.count("<table") == 3 and page.count("data:image/png;base64,") == 4

@@ -265,7 +265,7 @@ def report(
 ) -> None:
     """Tables of a sweep: algorithms x targets, mean ± std or ± SE over seeds, paired t-tests."""
     from fedbed.federation.evaluation import SELECTION_RULES
-    from fedbed.reporting import RENDERERS, html_report, sweep_tables
+    from fedbed.reporting import RENDERERS, html_report, mixed_code_warning, sweep_tables
 
     if selection not in SELECTION_RULES:
         fail(f"unknown selection {selection!r}; choose one of {', '.join(SELECTION_RULES)}")
@@ -279,6 +279,9 @@ def report(
         fail(str(error))
     text = "\n\n".join(RENDERERS[format](rows) for rows in tables.values())
     typer.echo(text)
+    warning = mixed_code_warning(sweep_dir)
+    if warning is not None:
+        typer.echo(warning, err=True)
     if output is not None:
         output.write_text(text + "\n")
     if html is not None:

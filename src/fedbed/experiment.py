@@ -29,11 +29,12 @@ from fedbed.data import (
 from fedbed.jsonlog import to_json
 from fedbed.seeding import derive_seed
 from fedbed.federation.client_evaluation import ID_EVALUATION_SITES, ClientEvaluator, holdout_shares
-from fedbed.federation.engine import Federation, client_infos, run_rounds
+from fedbed.federation.engine import LOG_NAME, Federation, client_infos, run_rounds
 from fedbed.federation.evaluation import SELECTION_RULES, select_round
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.transport import ClientTransport, InProcessClients
 from fedbed.models import MODELS, ModelError, build_model
+from fedbed.provenance import record_start
 
 CONFIG_NAME = "config.yaml"
 SUMMARY_NAME = "summary.json"
@@ -343,8 +344,10 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, progress: 
     return the summary.
 
     The run directory holds ``config.yaml`` (resolved), ``rounds.jsonl`` (one line per round),
-    ``checkpoint.pt`` (latest round) and ``summary.json`` (model selection by ``last``,
-    ``train_domain_val`` and ``oracle``, the last labelled as such).
+    ``checkpoint.pt`` (latest round), ``provenance.jsonl`` (the code that started and each time
+    resumed it, :mod:`fedbed.provenance`) and ``summary.json`` (model selection by ``last``,
+    ``train_domain_val`` and ``oracle``, the last labelled as such; ``provenance`` repeats the
+    starts).
 
     Raises:
         ConfigError: invalid settings, data that cannot be found or read, a model that does not fit.
@@ -377,6 +380,8 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
         f"{built.algorithm.name} on {dataset.name}, target {config.target}: {len(partitions)} client(s) "
         f"holding {[[dataset.domain_names[d] for d in p.domains] for p in partitions]}, run dir {run_dir}, backend {backend}"
     )
+    log_path = run_dir / LOG_NAME
+    starts = record_start(run_dir, len(log_path.read_text().splitlines()) if resume and log_path.exists() else 0)
     began = time.perf_counter()
     evaluations = run_rounds(
         federation,
@@ -400,6 +405,7 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
         "clients": [[dataset.domain_names[d] for d in p.domains] for p in partitions],
         "wall_seconds": time.perf_counter() - began,
         "selection": {rule: select_round(evaluations, rule) for rule in SELECTION_RULES},
+        "provenance": starts,
         "note": "accuracies in percent; 'oracle' selects the round by target accuracy and is not a valid DG estimate",
     }
     (run_dir / SUMMARY_NAME).write_text(to_json(summary, indent=2))

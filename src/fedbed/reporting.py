@@ -178,6 +178,20 @@ def sweep_tables(
     return tables
 
 
+def mixed_code_warning(sweep_dir: Path) -> str | None:
+    """One line if the finished runs below ``sweep_dir`` were made by different versions of
+    FedBed's code (:func:`fedbed.provenance.source_mix`), else ``None``: a code change can
+    change a method's numbers under unchanged settings, and a sweep skips finished jobs."""
+    from fedbed.provenance import source_mix
+
+    mix = source_mix(collect_summaries(sweep_dir))
+    if len(mix) < 2:
+        return None
+    counts = ", ".join(f"{source}: {count}" for source, count in mix.most_common())
+    return (f"warning: these runs were made by {len(mix)} versions of FedBed's code (source fingerprint: runs; "
+            f"{counts}); numbers may not be comparable: re-run the older ones (delete their folders, run the sweep again)")
+
+
 RENDERERS = {"markdown": to_markdown, "latex": to_latex, "csv": to_csv}
 
 

@@ -1,0 +1,86 @@
+"""Which code made a run: FedBed's version and a fingerprint of its source, torch, Python and
+the thread count, recorded each time a run starts or resumes.
+
+A change to a method's code can change its numbers while every setting stays the same, so a
+finished sweep job (skipped because its settings hash matches, :func:`fedbed.sweep.config_hash`)
+may hold numbers the current code no longer gives. ``fedbed report`` reads these records and
+warns when the runs of one table were made by different code (:func:`source_mix`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import platform
+from collections import Counter
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PROVENANCE_NAME = "provenance.jsonl"
+"""One JSON line per start of a run in its run directory (the first start, then each resumption)."""
+
+UNRECORDED = "unrecorded"
+"""The source fingerprint of a run whose summary holds no provenance (made before it was recorded)."""
+
+
+@functools.lru_cache(maxsize=1)
+def source_fingerprint() -> str:
+    """The first 12 hex digits of the SHA-256 of every ``.py`` file of the installed ``fedbed``
+    package (relative path and bytes, in sorted path order). Any edit to the source, docstrings
+    included, changes it; equal fingerprints mean the same code."""
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def current_provenance() -> dict[str, Any]:
+    """``{"fedbed", "source", "torch", "python", "torch_threads"}``: FedBed's version, its
+    :func:`source_fingerprint`, torch's and Python's versions, and torch's intra-op threads
+    (float reductions, and so the last digits of a run, can depend on it)."""
+    try:
+        version = metadata.version("fedbed")
+    except metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
+        version = "unknown"
+    return {
+        "fedbed": version,
+        "source": source_fingerprint(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def record_start(run_dir: Path, completed_rounds: int) -> list[dict[str, Any]]:
+    """Append this start of the run to ``run_dir/provenance.jsonl`` and return every start
+    recorded so far, oldest first.
+
+    Args:
+        run_dir: the run directory (exists).
+        completed_rounds: rounds already logged in ``rounds.jsonl`` (0 for a new run, which
+            also clears the record of an earlier run in the folder).
+    """
+    path = run_dir / PROVENANCE_NAME
+    if completed_rounds == 0:
+        path.unlink(missing_ok=True)
+    with path.open("a") as log:
+        log.write(json.dumps({"after_round": completed_rounds, **current_provenance()}) + "\n")
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def source_mix(summaries: list[dict[str, Any]]) -> Counter:
+    """How many of ``summaries`` each source fingerprint made. A run resumed under other code
+    counts under ``"a+b"`` (its fingerprints in start order); a run without a record under
+    :data:`UNRECORDED`. More than one key means the runs were made by different code."""
+    counts: Counter = Counter()
+    for summary in summaries:
+        starts = summary.get("provenance") or []
+        sources = list(dict.fromkeys(start["source"] for start in starts)) or [UNRECORDED]
+        counts["+".join(sources)] += 1
+    return counts
