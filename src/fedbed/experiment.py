@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import shutil
 import time
 from dataclasses import dataclass
@@ -260,11 +261,14 @@ class BuiltRun:
         """Training data of one client (only its partition)."""
         return ClientData.from_dataset(self.dataset, self.partitions[client].indices)
 
+    @functools.cached_property
+    def _holdout_shares(self) -> list[torch.Tensor]:
+        return holdout_shares(self.split.holdout, [p.domains for p in self.partitions])
+
     def client_holdout(self, client: int) -> ClientData:
         """One client's share of its source domains' id-validation holdouts
-        (:func:`fedbed.federation.client_evaluation.holdout_shares`)."""
-        shares = holdout_shares(self.split.holdout, [p.domains for p in self.partitions])
-        return ClientData.from_dataset(self.dataset, shares[client])
+        (:func:`fedbed.federation.client_evaluation.holdout_shares`, computed once per run)."""
+        return ClientData.from_dataset(self.dataset, self._holdout_shares[client])
 
     def evaluator(self) -> ClientEvaluator:
         """The client half of id evaluation on clients."""
