@@ -18,6 +18,11 @@ def test_each_start_of_a_run_is_recorded_with_the_code_that_made_it(tmp_path):
     assert [s["after_round"] for s in starts] == [0, 1] and summary["provenance"] == starts
     assert all(s["source"] == source_fingerprint() and s["torch_threads"] == torch.get_num_threads() for s in starts)
     assert len(source_fingerprint()) == 12 and int(source_fingerprint(), 16) >= 0
+    # A run begun before starts were recorded, resumed now: its first part's code is unknown.
+    (tmp_path / "run" / PROVENANCE_NAME).unlink()
+    summary = run_experiment(config.model_copy(update={"rounds": 3}), resume=True, progress=False, echo=lambda *_: None)
+    assert [(s["after_round"], s["source"]) for s in summary["provenance"]] == [(0, UNRECORDED), (2, source_fingerprint())]
+    assert source_mix([summary]) == Counter({f"{UNRECORDED}+{source_fingerprint()}": 1})
     # A new run in the same folder starts a new record.
     run_experiment(config, progress=False, echo=lambda *_: None)
     assert len((tmp_path / "run" / PROVENANCE_NAME).read_text().splitlines()) == 1

@@ -64,11 +64,15 @@ def record_start(run_dir: Path, completed_rounds: int) -> list[dict[str, Any]]:
     Args:
         run_dir: the run directory (exists).
         completed_rounds: rounds already logged in ``rounds.jsonl`` (0 for a new run, which
-            also clears the record of an earlier run in the folder).
+            also clears the record of an earlier run in the folder). A resumed run without a
+            record (begun before starts were recorded) gets a first start from round 0 whose
+            source is :data:`UNRECORDED`.
     """
     path = run_dir / PROVENANCE_NAME
     if completed_rounds == 0:
         path.unlink(missing_ok=True)
+    elif not path.exists():
+        path.write_text(json.dumps({"after_round": 0, "source": UNRECORDED}) + "\n")
     with path.open("a") as log:
         log.write(json.dumps({"after_round": completed_rounds, **current_provenance()}) + "\n")
     return [json.loads(line) for line in path.read_text().splitlines()]
