@@ -6,6 +6,7 @@ import sqlite3
 import subprocess
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from fedbed.cli import app
@@ -61,12 +62,22 @@ def test_sweep_skips_finished_jobs_and_resumes_an_interrupted_one(tmp_path):
     # The job stopped after round 1 of 2: a checkpoint and one logged round, no done marker.
     run_experiment(interrupted.model_copy(update={"rounds": 1}), progress=False, echo=lambda *_: None)
     outcome = run_sweep(spec, tmp_path, progress=False)
-    assert outcome == {"total": 2, "skipped": 0, "ran": 2, "failed": {}}
+    assert outcome == {"total": 2, "skipped": 0, "ran": 2, "failed": {}, "other_code": []}
     lines = (interrupted.run_dir / "rounds.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == [1, 2]
     assert all((job.run_dir / DONE_MARKER).exists() for job in jobs)
     again = run_sweep(spec, tmp_path, progress=False)
-    assert again == {"total": 2, "skipped": 2, "ran": 0, "failed": {}}
+    assert again == {"total": 2, "skipped": 2, "ran": 0, "failed": {}, "other_code": []}
+    # A finished job that other code made is still skipped, and named.
+    summary_path = jobs[0].run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary_path.write_text(json.dumps({**summary, "provenance": [*summary["provenance"], {"source": "0123456789ab"}]}))
+    assert run_sweep(spec, tmp_path, progress=False)["other_code"] == [str(jobs[0].run_dir)]
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    result = runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path), "--no-progress"])
+    assert result.exit_code == 0 and "2 already done, 0 run" in result.output
+    assert f"note: 1 of the finished jobs were made by other code than this (their summary.json's provenance), e.g. {jobs[0].run_dir}" in result.output
 
 
 def test_results_report_and_html(tmp_path):

@@ -37,6 +37,7 @@ from tqdm import tqdm
 from fedbed.data import dataset_spec
 from fedbed.experiment import (
     PLACEMENT_SETTINGS,
+    SUMMARY_NAME,
     ConfigError,
     ExperimentConfig,
     config_from_mapping,
@@ -44,6 +45,7 @@ from fedbed.experiment import (
     validate,
 )
 from fedbed.federation.engine import CHECKPOINT_NAME
+from fedbed.provenance import UNRECORDED, source_fingerprint
 
 DONE_MARKER = "done"
 SWEEP_RECORD = "sweep.yaml"
@@ -168,7 +170,9 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, progress: bool
         progress: one overall progress bar (jobs done / total, ETA).
 
     Returns:
-        ``{"total", "skipped", "ran", "failed": {run_dir: error}}``.
+        ``{"total", "skipped", "ran", "failed": {run_dir: error}, "other_code": [run_dir]}``;
+        ``other_code`` lists the skipped jobs that other code than this one started or resumed
+        (:func:`made_by_other_code`): their numbers may differ from what this code gives.
     """
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
@@ -194,4 +198,14 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, progress: bool
                     failed[run_dir] = error
                 bar.update(1)
     bar.close()
-    return {"total": len(jobs), "skipped": len(jobs) - len(pending), "ran": len(pending), "failed": failed}
+    skipped = [job.run_dir for job in jobs if job not in pending]
+    return {"total": len(jobs), "skipped": len(skipped), "ran": len(pending), "failed": failed,
+            "other_code": [str(run_dir) for run_dir in skipped if made_by_other_code(run_dir)]}
+
+
+def made_by_other_code(run_dir: Path) -> bool:
+    """Whether a finished run was started or resumed by other code than this one: its summary's
+    provenance holds another source fingerprint, or none (made before it was recorded)."""
+    summary = json.loads((run_dir / SUMMARY_NAME).read_text()) if (run_dir / SUMMARY_NAME).exists() else {}
+    sources = {start["source"] for start in summary.get("provenance") or [{"source": UNRECORDED}]}
+    return sources != {source_fingerprint()}
