@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from fedbed.algorithms import get_algorithm
 from fedbed.algorithms.registry import AlgorithmContext, TrainingBudget
@@ -15,7 +16,7 @@ from fedbed.data.base import DomainDataset
 from fedbed.federation.engine import Federation, client_infos
 from fedbed.federation.transport import InProcessClients
 from fedbed.federation.local_data import ClientData
-from fedbed.models import build_model
+from fedbed.models.networks import DomainClassifier
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -60,15 +61,28 @@ def tiny_dataset() -> DomainDataset:
     return make_dataset()
 
 
+def small_model(input_shape: tuple[int, int, int], num_classes: int) -> DomainClassifier:
+    """A two-layer CNN (8 then 16 channels, global average pooling) for the small synthetic images:
+    the engine's tests need a model of the real kind (featurizer and classifier), not a large one,
+    and hFedF's hypernetwork has one output head per parameter tensor."""
+    featurizer = nn.Sequential(
+        nn.Conv2d(input_shape[0], 8, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+    )
+    return DomainClassifier(featurizer, nn.Linear(16, num_classes), 16)
+
+
 def build_federation(dataset=None, target="d3", algorithm="fedavg", trainer_class=None, hp=None, batch_size=8):
-    """A built :class:`Federation` on small data, one client per source domain, initialised with seed 1."""
+    """A built :class:`Federation` on small data (:func:`small_model`), one client per source
+    domain, initialised with seed 1."""
     dataset = dataset if dataset is not None else make_dataset(per_domain=48, domains=4)
     split = split_leave_one_domain_out(dataset, (target,), 0.25, seed=0)
     partitions = partition_one_client_per_domain(split)
     torch.manual_seed(0)
     spec = get_algorithm(algorithm)
     hparams = spec.hyperparameters(**(hp or {}))
-    factory = lambda: spec.wrap_model(build_model("mnist_cnn", dataset.input_shape, dataset.num_classes), hparams)  # noqa: E731
+    factory = lambda: spec.wrap_model(small_model(dataset.input_shape, dataset.num_classes), hparams)  # noqa: E731
     context = AlgorithmContext(factory, TrainingBudget(batch_size=batch_size, local_epochs=1), seed=0, task=dataset.task)
     federation = Federation(
         strategy=spec.create_strategy(hparams, context),

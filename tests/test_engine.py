@@ -123,7 +123,7 @@ def test_no_target_sample_reaches_training(tmp_path, monkeypatch):
             return DomainRecordingTrainer(hparams, context)
 
     monkeypatch.setitem(ALGORITHMS, "recording", Recording)
-    config = ExperimentConfig(algorithm="recording", target="30", rounds=1, local_steps=2, run_dir=tmp_path)
+    config = ExperimentConfig(algorithm="recording", model="lenet", target="30", rounds=1, local_steps=2, run_dir=tmp_path)
     summary = run_experiment(config, progress=False, echo=lambda *_: None)
     assert DomainRecordingTrainer.seen == {0, 1, 3, 4, 5}  # every source domain, never 30 degrees (id 2)
     assert set(summary["selection"]["train_domain_val"]["id"]) == {"0", "15", "45", "60", "75"}
