@@ -77,7 +77,13 @@ def test_sweep_skips_finished_jobs_and_resumes_an_interrupted_one(tmp_path):
     spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
     result = runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path), "--no-progress"])
     assert result.exit_code == 0 and "2 already done, 0 run" in result.output
-    assert f"note: 1 of the finished jobs were made by other code than this (their summary.json's provenance), e.g. {jobs[0].run_dir}" in result.output
+    assert f"note: other code than this made 1 finished job(s), e.g. {jobs[0].run_dir}" in result.output
+    # So is a job this sweep resumed from a checkpoint that other code wrote.
+    (interrupted.run_dir / DONE_MARKER).unlink()
+    (interrupted.run_dir / "summary.json").unlink()
+    (interrupted.run_dir / "provenance.jsonl").write_text(json.dumps({"after_round": 0, "source": "0123456789ab"}) + "\n")
+    resumed = run_sweep(spec, tmp_path, progress=False)
+    assert resumed["ran"] == 1 and resumed["other_code"] == [str(jobs[0].run_dir), str(interrupted.run_dir)]
 
 
 def test_results_report_and_html(tmp_path):
@@ -101,7 +107,7 @@ def test_results_report_and_html(tmp_path):
     stale = next(tmp_path.glob("*/summary.json"))
     stale.write_text(json.dumps({**json.loads(stale.read_text()), "provenance": [{"source": "0123456789ab"}]}))
     result = runner.invoke(app, ["report", str(tmp_path)])
-    assert result.exit_code == 0 and "warning: these runs were made by 2 versions" in result.output
+    assert result.exit_code == 0 and "warning: these runs come from 2 versions" in result.output
     assert "0123456789ab: 1" in result.output
     page = html_path.read_text()
     # Two accuracy curves (one per target), the per-domain bars and the alignment telemetry.

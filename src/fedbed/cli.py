@@ -222,9 +222,9 @@ def sweep(
     typer.echo(f"{spec.name}: {outcome['total']} jobs, {outcome['skipped']} already done, {outcome['ran']} run, "
                f"{len(outcome['failed'])} failed; folder {folder}")
     if outcome["other_code"]:
-        typer.echo(f"note: {len(outcome['other_code'])} of the finished jobs were made by other code than this "
-                   f"(their summary.json's provenance), e.g. {outcome['other_code'][0]}; their numbers may differ "
-                   "from this code's: delete their folders and run the sweep again to redo them", err=True)
+        typer.echo(f"note: other code than this made {len(outcome['other_code'])} finished job(s), e.g. "
+                   f"{outcome['other_code'][0]} (see its provenance.jsonl); to redo them with this code, delete "
+                   "their folders and run the sweep again", err=True)
     for run_dir, error in outcome["failed"].items():
         typer.echo(f"failed: {run_dir}: {error.splitlines()[0]}", err=True)
     if outcome["failed"]:

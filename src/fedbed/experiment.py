@@ -30,12 +30,12 @@ from fedbed.data import (
 from fedbed.jsonlog import to_json
 from fedbed.seeding import derive_seed
 from fedbed.federation.client_evaluation import ID_EVALUATION_SITES, ClientEvaluator, holdout_shares
-from fedbed.federation.engine import LOG_NAME, Federation, client_infos, run_rounds
+from fedbed.federation.engine import Federation, client_infos, run_rounds
 from fedbed.federation.evaluation import SELECTION_RULES, select_round
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.transport import ClientTransport, InProcessClients
 from fedbed.models import MODELS, ModelError, build_model
-from fedbed.provenance import record_start
+from fedbed.provenance import read_starts, record_start
 
 CONFIG_NAME = "config.yaml"
 SUMMARY_NAME = "summary.json"
@@ -186,8 +186,9 @@ def _partitions(config: ExperimentConfig, split, pooled: bool):
 
 PLACEMENT_SETTINGS = frozenset({"data_root", "run_dir", "id_evaluation"})
 """Settings that say where a run reads its data, writes its files and scores its id holdouts,
-not what it computes (site-side and server-side id scores are equal,
-:mod:`fedbed.federation.client_evaluation`): left out of a sweep job's hash
+not what it computes (site-side and server-side id scores are the same sums,
+:mod:`fedbed.federation.client_evaluation`; in another process with another thread count a
+sample on a decision boundary may flip): left out of a sweep job's hash
 (:func:`fedbed.sweep.config_hash`), and free to change when a run is resumed, so a run folder
 or its data may move between machines."""
 
@@ -384,8 +385,13 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
         f"{built.algorithm.name} on {dataset.name}, target {config.target}: {len(partitions)} client(s) "
         f"holding {[[dataset.domain_names[d] for d in p.domains] for p in partitions]}, run dir {run_dir}, backend {backend}"
     )
-    log_path = run_dir / LOG_NAME
-    starts = record_start(run_dir, len(log_path.read_text().splitlines()) if resume and log_path.exists() else 0)
+    starts: list[dict[str, Any]] = []
+
+    def note_start(completed_rounds: int) -> None:
+        # A resumption with no round left to run trains nothing: no new start is recorded.
+        done = completed_rounds >= config.rounds
+        starts.extend(read_starts(run_dir) if done else record_start(run_dir, completed_rounds))
+
     began = time.perf_counter()
     evaluations = run_rounds(
         federation,
@@ -396,6 +402,7 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
         run_dir=run_dir,
         resume=resume,
         progress=progress,
+        on_start=note_start,
     )
     summary = {
         "dataset": dataset.name,

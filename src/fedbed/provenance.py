@@ -4,7 +4,8 @@ the thread count, recorded each time a run starts or resumes.
 A change to a method's code can change its numbers while every setting stays the same, so a
 finished sweep job (skipped because its settings hash matches, :func:`fedbed.sweep.config_hash`)
 may hold numbers the current code no longer gives. ``fedbed report`` reads these records and
-warns when the runs of one table were made by different code (:func:`source_mix`).
+warns when the runs of one table were made by different code (:func:`source_mix`,
+:func:`code_versions`).
 """
 
 from __future__ import annotations
@@ -63,10 +64,10 @@ def record_start(run_dir: Path, completed_rounds: int) -> list[dict[str, Any]]:
 
     Args:
         run_dir: the run directory (exists).
-        completed_rounds: rounds already logged in ``rounds.jsonl`` (0 for a new run, which
-            also clears the record of an earlier run in the folder). A resumed run without a
-            record (begun before starts were recorded) gets a first start from round 0 whose
-            source is :data:`UNRECORDED`.
+        completed_rounds: rounds the run had completed before this start (0 for a new run, which
+            also clears the record of an earlier run in the folder; the checkpoint's round for a
+            resumed one). A resumed run without a record (begun before starts were recorded)
+            gets a first start from round 0 whose source is :data:`UNRECORDED`.
     """
     path = run_dir / PROVENANCE_NAME
     if completed_rounds == 0:
@@ -75,16 +76,30 @@ def record_start(run_dir: Path, completed_rounds: int) -> list[dict[str, Any]]:
         path.write_text(json.dumps({"after_round": 0, "source": UNRECORDED}) + "\n")
     with path.open("a") as log:
         log.write(json.dumps({"after_round": completed_rounds, **current_provenance()}) + "\n")
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return read_starts(run_dir)
+
+
+def read_starts(run_dir: Path) -> list[dict[str, Any]]:
+    """Every start recorded in ``run_dir/provenance.jsonl``, oldest first (empty if none)."""
+    path = run_dir / PROVENANCE_NAME
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def run_sources(summary: dict[str, Any]) -> list[str]:
+    """The source fingerprints that started or resumed the run of ``summary`` (a ``summary.json``),
+    each once, in start order; ``[UNRECORDED]`` for a run made before starts were recorded."""
+    return list(dict.fromkeys(start["source"] for start in summary.get("provenance") or [])) or [UNRECORDED]
 
 
 def source_mix(summaries: list[dict[str, Any]]) -> Counter:
-    """How many of ``summaries`` each source fingerprint made. A run resumed under other code
-    counts under ``"a+b"`` (its fingerprints in start order); a run without a record under
-    :data:`UNRECORDED`. More than one key means the runs were made by different code."""
-    counts: Counter = Counter()
-    for summary in summaries:
-        starts = summary.get("provenance") or []
-        sources = list(dict.fromkeys(start["source"] for start in starts)) or [UNRECORDED]
-        counts["+".join(sources)] += 1
-    return counts
+    """How many of ``summaries`` each code made: the key is a run's :func:`run_sources` joined
+    with ``"+"`` (``"a+b"``: begun under ``a``, resumed under ``b``). Only the source
+    fingerprint counts: torch's version and thread count are recorded for the reader but not
+    compared (the thread count alone can move the last digits, see :func:`current_provenance`)."""
+    return Counter("+".join(run_sources(summary)) for summary in summaries)
+
+
+def code_versions(mix: Counter) -> set[str]:
+    """The distinct source fingerprints in a :func:`source_mix`; more than one means its runs,
+    or parts of one run, were made by different code."""
+    return {source for key in mix for source in key.split("+")}

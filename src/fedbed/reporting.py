@@ -179,17 +179,19 @@ def sweep_tables(
 
 
 def mixed_code_warning(sweep_dir: Path) -> str | None:
-    """One line if the finished runs below ``sweep_dir`` were made by different versions of
-    FedBed's code (:func:`fedbed.provenance.source_mix`), else ``None``: a code change can
-    change a method's numbers under unchanged settings, and a sweep skips finished jobs."""
-    from fedbed.provenance import source_mix
+    """One line if the finished runs below ``sweep_dir`` were made by more than one version of
+    FedBed's code, counting a run resumed under other code than it began with
+    (:func:`fedbed.provenance.code_versions`), else ``None``: a code change can change a
+    method's numbers under unchanged settings, and a sweep skips finished jobs."""
+    from fedbed.provenance import code_versions, source_mix
 
     mix = source_mix(collect_summaries(sweep_dir))
-    if len(mix) < 2:
+    versions = code_versions(mix)
+    if len(versions) < 2:
         return None
-    counts = ", ".join(f"{source}: {count}" for source, count in mix.most_common())
-    return (f"warning: these runs were made by {len(mix)} versions of FedBed's code (source fingerprint: runs; "
-            f"{counts}); numbers may not be comparable: re-run the older ones (delete their folders, run the sweep again)")
+    counts = ", ".join(f"{source.replace('+', ' then ')}: {count}" for source, count in mix.most_common())
+    return (f"warning: these runs come from {len(versions)} versions of FedBed's code (runs per source fingerprint: "
+            f"{counts}); their numbers may not be comparable: delete the older run folders and run the sweep again")
 
 
 RENDERERS = {"markdown": to_markdown, "latex": to_latex, "csv": to_csv}

@@ -45,7 +45,7 @@ from fedbed.experiment import (
     validate,
 )
 from fedbed.federation.engine import CHECKPOINT_NAME
-from fedbed.provenance import UNRECORDED, source_fingerprint
+from fedbed.provenance import run_sources, source_fingerprint
 
 DONE_MARKER = "done"
 SWEEP_RECORD = "sweep.yaml"
@@ -171,8 +171,9 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, progress: bool
 
     Returns:
         ``{"total", "skipped", "ran", "failed": {run_dir: error}, "other_code": [run_dir]}``;
-        ``other_code`` lists the skipped jobs that other code than this one started or resumed
-        (:func:`made_by_other_code`): their numbers may differ from what this code gives.
+        ``other_code`` lists the finished jobs (skipped, or run now from a checkpoint) that other
+        code than this one started or resumed (:func:`made_by_other_code`): their numbers may
+        differ from what this code gives.
     """
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
@@ -198,14 +199,13 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, progress: bool
                     failed[run_dir] = error
                 bar.update(1)
     bar.close()
-    skipped = [job.run_dir for job in jobs if job not in pending]
-    return {"total": len(jobs), "skipped": len(skipped), "ran": len(pending), "failed": failed,
-            "other_code": [str(run_dir) for run_dir in skipped if made_by_other_code(run_dir)]}
+    finished = [job.run_dir for job in jobs if (job.run_dir / SUMMARY_NAME).exists()]
+    return {"total": len(jobs), "skipped": len(jobs) - len(pending), "ran": len(pending), "failed": failed,
+            "other_code": [str(run_dir) for run_dir in finished if made_by_other_code(run_dir)]}
 
 
 def made_by_other_code(run_dir: Path) -> bool:
     """Whether a finished run was started or resumed by other code than this one: its summary's
     provenance holds another source fingerprint, or none (made before it was recorded)."""
-    summary = json.loads((run_dir / SUMMARY_NAME).read_text()) if (run_dir / SUMMARY_NAME).exists() else {}
-    sources = {start["source"] for start in summary.get("provenance") or [{"source": UNRECORDED}]}
-    return sources != {source_fingerprint()}
+    summary = json.loads((run_dir / SUMMARY_NAME).read_text())
+    return set(run_sources(summary)) != {source_fingerprint()}

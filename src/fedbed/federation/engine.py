@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,6 +163,7 @@ def run_rounds(
     run_dir: Path,
     resume: bool = False,
     progress: bool = True,
+    on_start: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or resume) the federated training and return the evaluation of every evaluated round.
 
@@ -176,6 +177,9 @@ def run_rounds(
         run_dir: where the log and checkpoint go (must exist).
         resume: continue from ``run_dir/checkpoint.pt`` instead of starting over.
         progress: show a progress bar with round, loss and accuracy.
+        on_start: called once before the first round with the number of rounds already
+            completed (0, or the checkpoint's round when resuming; ``>= rounds`` when nothing is
+            left to run).
 
     Returns:
         One dict per evaluated round: ``round``, ``id``, ``id_mean``, ``ood``, ``ood_mean``.
@@ -198,6 +202,8 @@ def run_rounds(
         log_path.write_text("")
     evaluations = [json.loads(line)["evaluation"] for line in _complete_lines(log_path)]
     evaluations = [e for e in evaluations if e is not None]
+    if on_start is not None:
+        on_start(start - 1)
 
     bar = tqdm(range(start, rounds + 1), desc="round", disable=not progress, initial=start - 1, total=rounds)
     for round_number in bar:
