@@ -99,7 +99,7 @@ def source_mix(summaries: list[dict[str, Any]]) -> Counter:
     return Counter("+".join(run_sources(summary)) for summary in summaries)
 
 
-def code_versions(mix: Counter) -> set[str]:
-    """The distinct source fingerprints in a :func:`source_mix`; more than one means its runs,
-    or parts of one run, were made by different code."""
-    return {source for key in mix for source in key.split("+")}
+def code_versions(summaries: list[dict[str, Any]]) -> set[str]:
+    """The distinct source fingerprints (:func:`run_sources`) of ``summaries``; more than one
+    means the runs, or parts of one run, were made by different code."""
+    return {source for summary in summaries for source in run_sources(summary)}

@@ -185,8 +185,8 @@ def mixed_code_warning(sweep_dir: Path) -> str | None:
     method's numbers under unchanged settings, and a sweep skips finished jobs."""
     from fedbed.provenance import code_versions, source_mix
 
-    mix = source_mix(collect_summaries(sweep_dir))
-    versions = code_versions(mix)
+    summaries = collect_summaries(sweep_dir)
+    mix, versions = source_mix(summaries), code_versions(summaries)
     if len(versions) < 2:
         return None
     counts = ", ".join(f"{source.replace('+', ' then ')}: {count}" for source, count in mix.most_common())
