@@ -39,7 +39,7 @@ def test_run_directory_hash_is_stable():
     assert config_hash(a) != config_hash(a.model_copy(update={"seed": 4}))
     # Pinned: a change here (a new setting, a renamed one) orphans every existing sweep folder,
     # so it must be a deliberate edit of this line.
-    assert config_hash(ExperimentConfig()) == "99c736e81edd"
+    assert config_hash(ExperimentConfig()) == "3a62faddcadd"
 
 
 def test_expand_orders_jobs_by_seed_then_target(tmp_path):
@@ -151,3 +151,17 @@ def test_html_report_renders_in_headless_chromium(tmp_path):
         capture_output=True, text=True, timeout=120,
     ).stdout
     assert "<table id=\"ood\">" in dom and "fedavg" in dom and "± std over seeds" in dom
+
+
+def test_variants_change_one_factor_of_base_and_label_the_runs(tmp_path):
+    spec = tiny_spec(algorithms=["fedavg"], targets=["0"], seeds=[0], hp={},
+                     variants={"today": {}, "sgd": {"hp": {"client_optimizer": "sgd"}}, "small_batch": {"batch_size": 8}})
+    jobs = expand(spec, tmp_path)
+    assert [(j.batch_size, j.hp.get("client_optimizer")) for j in jobs] == [(16, None), (16, "sgd"), (8, None)]
+    assert len({j.run_dir for j in jobs}) == 3
+    with pytest.raises(ValueError, match="set per job"):
+        tiny_spec(variants={"bad": {"seed": 3}})
+    run_sweep(spec, tmp_path, progress=False)
+    from fedbed.results import query_runs
+
+    assert sorted(row["label"] for row in query_runs(tmp_path)) == ["fedavg[sgd]", "fedavg[small_batch]", "fedavg[today]"]

@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from scipy import stats
 
-from fedbed.experiment import SUMMARY_NAME
+from fedbed.experiment import CONFIG_NAME, SUMMARY_NAME
 
 
 def collect_summaries(root: Path) -> list[dict[str, Any]]:
@@ -131,12 +132,16 @@ def paired_pairs(
 
 def labelled_summaries(sweep_dir: Path) -> list[dict[str, Any]]:
     """The summaries below ``sweep_dir``, each with a ``label`` (see :func:`fedbed.results.run_label`)."""
-    from fedbed.results import run_label, varied_hyperparameters
+    from fedbed.results import run_label, sweep_variants, varied_hyperparameters, variant_of
 
-    varied = varied_hyperparameters(sweep_dir)
-    summaries = collect_summaries(sweep_dir)
-    for summary in summaries:
-        summary["label"] = run_label(summary["algorithm"], summary.get("hp", {}), varied.get(summary["algorithm"], []))
+    varied, variants = varied_hyperparameters(sweep_dir), sweep_variants(sweep_dir)
+    summaries = []
+    for path in sorted(sweep_dir.rglob(SUMMARY_NAME)):
+        summary = json.loads(path.read_text())
+        config = yaml.safe_load((path.parent / CONFIG_NAME).read_text()) if variants else {}
+        summaries.append(summary)
+        summary["label"] = run_label(summary["algorithm"], summary.get("hp", {}), varied.get(summary["algorithm"], []),
+                                     variant_of(config, variants))
     return summaries
 
 

@@ -46,11 +46,37 @@ def varied_hyperparameters(sweep_dir: Path) -> dict[str, list[str]]:
     return {alg: sorted(k for k, v in grid.items() if len(v) > 1) for alg, grid in (spec.get("hp") or {}).items()}
 
 
-def run_label(algorithm: str, hp: dict[str, Any], varied: list[str]) -> str:
-    """``algorithm`` or, where the sweep varies hyperparameters, ``algorithm(key=value, ...)``."""
+def sweep_variants(sweep_dir: Path) -> dict[str, dict[str, Any]]:
+    """The named variants of the sweep file recorded in ``sweep_dir`` (none without a record)."""
+    record = sweep_dir / "sweep.yaml"
+    if not record.exists():
+        return {}
+    return (yaml.safe_load(record.read_text()) or {}).get("variants") or {}
+
+
+def variant_of(config: dict[str, Any], variants: dict[str, dict[str, Any]]) -> str | None:
+    """The name of the variant a run's resolved ``config`` was made by: the one with the most
+    settings among those whose every setting (and every ``hp`` value) the config holds; ``None``
+    when the sweep has no variants or none fits."""
+    def fits(settings: dict[str, Any]) -> bool:
+        hp = settings.get("hp") or {}
+        return (all(config.get(key) == value for key, value in settings.items() if key != "hp")
+                and all((config.get("hp") or {}).get(key) == value for key, value in hp.items()))
+
+    def size(settings: dict[str, Any]) -> int:
+        return len(settings) - ("hp" in settings) + len(settings.get("hp") or {})
+
+    fitting = [(size(settings), name) for name, settings in variants.items() if fits(settings)]
+    return max(fitting)[1] if fitting else None
+
+
+def run_label(algorithm: str, hp: dict[str, Any], varied: list[str], variant: str | None = None) -> str:
+    """``algorithm``, with ``[variant]`` for a sweep's named variant and ``(key=value, ...)`` for
+    the hyperparameters its grid varies."""
+    label = algorithm if variant is None else f"{algorithm}[{variant}]"
     if not varied:
-        return algorithm
-    return f"{algorithm}(" + ", ".join(f"{k}={hp.get(k)}" for k in varied) + ")"
+        return label
+    return f"{label}(" + ", ".join(f"{k}={hp.get(k)}" for k in varied) + ")"
 
 
 def logged_mean_cosine(alignment: dict[str, Any]) -> float | None:
@@ -75,7 +101,7 @@ def index_runs(sweep_dir: Path) -> Path:
     configs = sorted(sweep_dir.rglob(CONFIG_NAME))
     if not configs:
         raise ResultsError(f"{sweep_dir} holds no FedBed run (no {CONFIG_NAME} below it)")
-    varied = varied_hyperparameters(sweep_dir)
+    varied, variants = varied_hyperparameters(sweep_dir), sweep_variants(sweep_dir)
     store = sweep_dir / STORE_NAME
     partial = store.with_name(store.name + ".partial")
     partial.unlink(missing_ok=True)
@@ -91,7 +117,8 @@ def index_runs(sweep_dir: Path) -> Path:
                 "run": name,
                 "dataset": config["dataset"],
                 "algorithm": config["algorithm"],
-                "label": run_label(config["algorithm"], config.get("hp", {}), varied.get(config["algorithm"], [])),
+                "label": run_label(config["algorithm"], config.get("hp", {}), varied.get(config["algorithm"], []),
+                                   variant_of(config, variants)),
                 "target": config["target"],
                 "seed": config["seed"],
                 "hp": json.dumps(config.get("hp", {}), sort_keys=True),

@@ -13,6 +13,9 @@ A sweep file (YAML)::
     seeds: [0, 1, 2]
     hp:                        # per algorithm: hyperparameter -> list of values (a grid)
       fedprox: {mu: [0.1]}
+    variants:                  # optional: named settings, each a change of ``base`` (one factor at a time)
+      adam: {}
+      sgd: {hp: {client_optimizer: sgd}}
 
 Like DomainBed's sweep, a finished job has a ``done`` marker and is skipped when the sweep is
 run again; an unfinished one resumes from its checkpoint.
@@ -48,6 +51,8 @@ from fedbed.federation.engine import CHECKPOINT_NAME
 from fedbed.provenance import run_sources, source_fingerprint
 
 DONE_MARKER = "done"
+PER_JOB_KEYS = ("algorithm", "target", "seed", "run_dir")
+"""Settings a sweep sets per job: neither ``base`` nor a variant may hold them."""
 SWEEP_RECORD = "sweep.yaml"
 
 
@@ -62,6 +67,7 @@ class SweepSpec(BaseModel):
     targets: str | list[str] = "all"
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     hp: dict[str, dict[str, list[Any]]] = Field(default_factory=dict)
+    variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("hp")
     @classmethod
@@ -78,10 +84,21 @@ class SweepSpec(BaseModel):
     @field_validator("base")
     @classmethod
     def _no_per_job_keys(cls, base: dict[str, Any]) -> dict[str, Any]:
-        for key in ("algorithm", "target", "seed", "run_dir"):
+        for key in PER_JOB_KEYS:
             if key in base:
                 raise ValueError(f"'{key}' is set per job by the sweep; remove it from 'base'")
         return base
+
+    @field_validator("variants")
+    @classmethod
+    def _variants_change_settings(cls, variants: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name, settings in variants.items():
+            if not isinstance(settings, dict):
+                raise ValueError(f"variant {name!r} must be a mapping of settings, got {settings!r}")
+            for key in PER_JOB_KEYS:
+                if key in settings:
+                    raise ValueError(f"'{key}' is set per job by the sweep; remove it from variant {name!r}")
+        return variants
 
 
 def load_sweep(path: Path) -> SweepSpec:
@@ -110,9 +127,11 @@ def config_hash(config: ExperimentConfig) -> str:
     :data:`~fedbed.experiment.PLACEMENT_SETTINGS` (where it reads, writes and scores its
     holdouts), so a sweep keeps its folders on a machine with its data elsewhere.
 
-    The settings are serialised as sorted JSON, so the hash depends only on their values.
+    The settings are serialised as sorted JSON, so the hash depends only on their values. A
+    setting left unset (``None``) is left out, so a new setting whose unset value keeps the old
+    behaviour does not change the hash of any existing job (committed results stay found).
     """
-    settings = config.model_dump(mode="json", exclude=set(PLACEMENT_SETTINGS))
+    settings = config.model_dump(mode="json", exclude=set(PLACEMENT_SETTINGS), exclude_none=True)
     canonical = json.dumps(settings, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
@@ -120,8 +139,9 @@ def config_hash(config: ExperimentConfig) -> str:
 def expand(spec: SweepSpec, sweep_dir: Path) -> list[ExperimentConfig]:
     """Every job of the sweep, each with its run directory ``sweep_dir/<hash>``.
 
-    Order: seed, then target, then algorithm, then hyperparameter values, so a partial sweep
-    holds whole seeds.
+    Order: seed, then target, then algorithm, then variant, then hyperparameter values, so a
+    partial sweep holds whole seeds. A variant's settings replace ``base``'s, its ``hp`` is
+    merged into ``base``'s, and the algorithm's grid values come last.
 
     Raises:
         ConfigError: an invalid setting, dataset, target, algorithm or hyperparameter.
@@ -132,12 +152,14 @@ def expand(spec: SweepSpec, sweep_dir: Path) -> list[ExperimentConfig]:
         raise ConfigError(str(error)) from None
     targets = list(dataset.domain_names) if spec.targets == "all" else list(spec.targets)
     jobs = []
-    for seed, target, algorithm in itertools.product(spec.seeds, targets, spec.algorithms):
+    variants = list(spec.variants.values()) or [{}]
+    for seed, target, algorithm, variant in itertools.product(spec.seeds, targets, spec.algorithms, variants):
         grid = spec.hp.get(algorithm, {})
         names = sorted(grid)
         for values in itertools.product(*(grid[name] for name in names)):
-            hp = {**spec.base.get("hp", {}), **dict(zip(names, values))}
-            config = config_from_mapping({**spec.base, "algorithm": algorithm, "target": target, "seed": seed, "hp": hp})
+            hp = {**spec.base.get("hp", {}), **variant.get("hp", {}), **dict(zip(names, values))}
+            settings = {**spec.base, **variant}
+            config = config_from_mapping({**settings, "algorithm": algorithm, "target": target, "seed": seed, "hp": hp})
             validate(config)
             jobs.append(config.model_copy(update={"run_dir": sweep_dir / config_hash(config)}))
     return jobs
