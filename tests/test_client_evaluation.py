@@ -40,7 +40,7 @@ def test_statistics_add_up_to_the_metric_on_the_whole_set():
     data = samples([[0, 1], [1, 0], [0, 2], [0, 3]], [1, 1, 1, 0], [0, 0, 0, 0])
     whole = metric_statistics(Fixed(2), data)
     assert whole == {"n": 4.0, "correct": 2.0} and score_from_statistics(whole) == 50.0
-    halves = [metric_statistics(Fixed(2), ClientData(data.inputs[s], data.targets[s], data.domains[s]))
+    halves = [metric_statistics(Fixed(2), data.subset(s))
               for s in (slice(0, 1), slice(1, 4))]
     assert add_statistics(halves) == whole
     # Regression, by hand: x = (1, 2, 3), y = (1, 3, 2): n Σxy − Σx Σy = 3·13 − 36 = 3,
@@ -66,7 +66,7 @@ def test_a_lost_client_leaves_its_domains_unscored_not_half_scored():
     models = [(Fixed(2), None)]
     payloads = evaluation_payloads(models, [(0, 1), (1,)])
     assert payloads[0].config == {"model0/domains": "0,1"} and payloads[1].config == {"model0/domains": "1"}
-    assert set(payloads[0].arrays) == {"model0/scale"}
+    assert payloads[0].arrays == {} and set(payloads[0].read_only_arrays) == {"model0/scale"}
     data = samples([[0, 1], [1, 0], [0, 2], [3, 0]], [1, 1, 1, 0], [0, 0, 1, 1])
     evaluator = ClientEvaluator(lambda: Fixed(2))
     reply = evaluator.evaluate(payloads[0], data)

@@ -60,11 +60,14 @@ def instruction(content: RecordDict, node: int) -> Message:
 
 
 def test_records_carry_payloads_and_replies_bit_for_bit():
-    payload = Payload({"w": torch.randn(3, 2), "steps": torch.tensor(7)}, {"round": 2, "batch_seed": 11, "mu": 0.5, "mode": "x"})
+    payload = Payload({"w": torch.randn(3, 2), "steps": torch.tensor(7)}, {"round": 2, "batch_seed": 11, "mu": 0.5, "mode": "x"},
+                      read_only_arrays={"head/1": torch.randn(2, 5, dtype=torch.float64)})
     back = payload_from_records(payload_to_records(payload))
     assert back.config == payload.config
-    for name, tensor in payload.arrays.items():
-        assert back.arrays[name].dtype == tensor.dtype and torch.equal(back.arrays[name], tensor)
+    for sent, received in ((payload.arrays, back.arrays), (payload.read_only_arrays, back.read_only_arrays)):
+        assert set(sent) == set(received)
+        for name, tensor in sent.items():
+            assert received[name].dtype == tensor.dtype and torch.equal(received[name], tensor)
     reply = Reply({"w": torch.randn(4, dtype=torch.float64)}, num_examples=13, metrics={"loss": 0.25})
     again = reply_from_records(reply_to_records(reply))
     assert again.num_examples == 13 and again.metrics == {"loss": 0.25} and torch.equal(again.arrays["w"], reply.arrays["w"])

@@ -32,7 +32,8 @@ from fedbed.seeding import derive_seed
 from fedbed.federation.client_evaluation import ID_EVALUATION_SITES, ClientEvaluator, holdout_shares
 from fedbed.federation.engine import Federation, client_infos, run_rounds
 from fedbed.federation.evaluation import SELECTION_RULES, select_round
-from fedbed.federation.local_data import ClientData
+from fedbed.data.augmentation import AUGMENTATIONS, Augmentation
+from fedbed.federation.local_data import INPUT_SCALINGS, ClientData
 from fedbed.federation.transport import ClientTransport, InProcessClients
 from fedbed.models import MODELS, ModelError, build_model
 from fedbed.provenance import read_starts, record_start
@@ -76,6 +77,13 @@ class ExperimentConfig(BaseModel):
             ``clients`` (each client scores its share of its domains' holdouts and sends back sums,
             Flower's federated evaluation; the scores are equal, see
             :mod:`fedbed.federation.client_evaluation`). The ood score is always the server's.
+        augmentation: a named augmentation applied to every training batch
+            (:mod:`fedbed.data.augmentation`: ``flip_crop``, ``randaugment``, ``simclr``), seeded
+            per round, client and batch; unset: none (a method may ask for its own views).
+        input_scaling: how pixels become model input
+            (:func:`fedbed.federation.local_data.to_model_input`): ``imagenet`` (DomainBed's, the
+            default: RGB normalised with the ImageNet mean and std, grey scaled to [0, 1]),
+            ``unit`` ([0, 1]) or ``symmetric`` ([−1, 1]).
         hp: algorithm hyperparameters by name (validated by the algorithm).
         run_dir: output folder (default ``runs/<dataset>/<algorithm>/<target>/seed<seed>``).
     """
@@ -103,6 +111,8 @@ class ExperimentConfig(BaseModel):
     eval_every: int = Field(1, gt=0)
     few_shot_per_client: int = Field(0, ge=0)
     id_evaluation: Literal[ID_EVALUATION_SITES] = "server"
+    augmentation: Literal[tuple(AUGMENTATIONS)] | None = None
+    input_scaling: Literal[INPUT_SCALINGS] | None = None
     hp: dict[str, Any] = Field(default_factory=dict)
     run_dir: Path | None = None
 
@@ -258,9 +268,18 @@ class BuiltRun:
     context: AlgorithmContext
     initial_model: torch.nn.Module
 
+    @property
+    def input_scaling(self) -> str:
+        """The run's input scaling (``imagenet`` unless the config says otherwise)."""
+        return self.config.input_scaling or "imagenet"
+
+    def data(self, indices: torch.Tensor) -> ClientData:
+        """The dataset's samples at ``indices``, scaled as the run says."""
+        return ClientData.from_dataset(self.dataset, indices, self.input_scaling)
+
     def client_data(self, client: int) -> ClientData:
         """Training data of one client (only its partition)."""
-        return ClientData.from_dataset(self.dataset, self.partitions[client].indices)
+        return self.data(self.partitions[client].indices)
 
     @functools.cached_property
     def _holdout_shares(self) -> list[torch.Tensor]:
@@ -269,7 +288,7 @@ class BuiltRun:
     def client_holdout(self, client: int) -> ClientData:
         """One client's share of its source domains' id-validation holdouts
         (:func:`fedbed.federation.client_evaluation.holdout_shares`, computed once per run)."""
-        return ClientData.from_dataset(self.dataset, self._holdout_shares[client])
+        return self.data(self._holdout_shares[client])
 
     def evaluator(self) -> ClientEvaluator:
         """The client half of id evaluation on clients."""
@@ -291,9 +310,9 @@ class BuiltRun:
         federation = Federation(
             strategy=self.algorithm.create_strategy(self.hparams, self.context),
             clients=clients,
-            holdout={d: ClientData.from_dataset(dataset, idx) for d, idx in split.holdout.items()},
+            holdout={d: self.data(idx) for d, idx in split.holdout.items()},
             target={
-                d: ClientData.from_dataset(dataset, self.ood_indices[dataset.domains[self.ood_indices] == d])
+                d: self.data(self.ood_indices[dataset.domains[self.ood_indices] == d])
                 for d in split.target_domains
             },
             domain_names=dataset.domain_names,
@@ -340,7 +359,9 @@ def build_run(config: ExperimentConfig) -> BuiltRun:
     except (DataError, ModelError) as error:
         raise ConfigError(str(error)) from None
     budget = TrainingBudget(config.batch_size, config.local_epochs, config.local_steps)
-    context = AlgorithmContext(model_factory=model_factory, budget=budget, seed=config.seed, task=dataset.task)
+    augmentation = Augmentation(config.augmentation) if config.augmentation else None
+    context = AlgorithmContext(model_factory=model_factory, budget=budget, seed=config.seed, task=dataset.task,
+                               augmentation=augmentation)
     return BuiltRun(config, algorithm, hparams, dataset, split, partitions, ood_indices, model_name, context, initial_model)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 import torch
 from pydantic import Field
@@ -11,6 +11,7 @@ from torch import nn
 from fedbed.algorithms.fedavg import FedAvg
 from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedTrainer
 from fedbed.algorithms.registry import register_algorithm
+from fedbed.federation.local_data import Batch
 from fedbed.federation.messages import Payload
 
 
@@ -40,14 +41,13 @@ def proximal_term(model: nn.Module, anchor: dict[str, torch.Tensor], mu: float) 
 
 
 class FedProxTrainer(SupervisedTrainer):
-    """Cross-entropy plus :func:`proximal_term` around the model the server sent."""
+    """Cross-entropy plus :func:`proximal_term` around the model the server sent (the payload's
+    arrays, Li et al. 2020, Eq. 2): the simplest use of the batch-loss hook."""
 
     hparams: FedProxHyperparameters
 
-    def extra_loss(self, payload: Payload) -> Callable[[nn.Module], torch.Tensor] | None:
-        anchor = {name: tensor.clone() for name, tensor in payload.arrays.items()}
-        mu = self.hparams.mu
-        return lambda model: proximal_term(model, anchor, mu)
+    def batch_loss(self, model: nn.Module, batch: Batch, payload: Payload, state: dict[str, Any]) -> torch.Tensor:
+        return super().batch_loss(model, batch, payload, state) + proximal_term(model, payload.arrays, self.hparams.mu)
 
 
 @register_algorithm

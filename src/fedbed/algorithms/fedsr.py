@@ -26,8 +26,8 @@ from torch import nn
 from fedbed.algorithms.fedavg import FedAvgStrategy
 from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm, SupervisedTrainer
 from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
-from fedbed.federation.messages import Payload, Reply
-from fedbed.federation.local_data import ClientData
+from fedbed.federation.local_data import Batch
+from fedbed.federation.messages import Payload
 from fedbed.models import DomainClassifier
 
 
@@ -102,25 +102,23 @@ class FedSRTrainer(SupervisedTrainer):
 
     hparams: FedSRHyperparameters
 
-    def fit(self, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
-        model: FedSRModel = self.model  # type: ignore[assignment]
+    def local_parameters(self, state: dict[str, Any]) -> list[torch.Tensor]:
+        """The class-conditional prior r(z|y) = N(μ_y, softplus(ρ_y)²) and the scale C, created
+        at a client's first round (μ = 0, ρ = 1, C = 1) and kept in its state."""
         if "prior" not in state:
+            model: FedSRModel = self.model  # type: ignore[assignment]
             classes, z_dim = model.classifier.out_features, model.feature_dim
             state["prior"] = {"mean": torch.zeros(classes, z_dim), "raw_std": torch.ones(classes, z_dim), "scale": torch.ones(())}
-        prior = {name: tensor.clone().requires_grad_(True) for name, tensor in state["prior"].items()}
-        self.extra_parameters = list(prior.values())
-        self._prior = prior
-        reply = super().fit(payload, data, state)
-        state["prior"] = {name: tensor.detach().clone() for name, tensor in prior.items()}
-        return reply
+        return list(state["prior"].values())
 
-    def loss(self, model: FedSRModel, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def batch_loss(self, model: FedSRModel, batch: Batch, payload: Payload, state: dict[str, Any]) -> torch.Tensor:
         """The FedSR client objective on one batch."""
-        mean, std = model.featurizer.distribution(inputs)
+        targets = batch.targets
+        mean, std = model.featurizer.distribution(batch.inputs)
         z = mean + std * torch.randn_like(std)
         cross_entropy = nn.functional.cross_entropy(model.classifier(z), targets)
         l2r = z.norm(dim=1).mean()
-        prior = self._prior
+        prior = state["prior"]
         prior_mean, prior_std = prior["mean"][targets], nn.functional.softplus(prior["raw_std"][targets])
         cmi = gaussian_kl(prior["scale"] * mean, prior["scale"] * std, prior_mean, prior_std).mean()
         return cross_entropy + self.hparams.l2r_coefficient * l2r + self.hparams.cmi_coefficient * cmi

@@ -10,10 +10,12 @@ from pydantic import Field
 from torch import nn
 
 from fedbed.algorithms.registry import Algorithm, AlgorithmContext, Hyperparameters, TrainingBudget
-from fedbed.federation.local_data import ClientData
+from fedbed.data.augmentation import Augmentation
+from fedbed.federation.local_data import Batch, ClientData
 from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.strategy import ClientTrainer
 from fedbed.gradients import clone_arrays
+from fedbed.seeding import derive_seed
 
 
 class LocalTrainingHyperparameters(Hyperparameters):
@@ -48,16 +50,68 @@ def task_loss(task: str, outputs: torch.Tensor, targets: torch.Tensor) -> torch.
     return nn.functional.cross_entropy(outputs, targets)
 
 
+BatchStep = Callable[[Batch], float]
+"""One training step on one batch (forward, backward, optimiser steps); returns the batch's loss."""
+
+
+def run_batches(
+    data: ClientData,
+    budget: TrainingBudget,
+    generator: torch.Generator,
+    step: BatchStep,
+    *,
+    augmentation: Augmentation | None = None,
+    augmentation_seed: int = 0,
+    augment_inputs: bool = False,
+    first_number: int = 0,
+) -> tuple[float, int]:
+    """One training phase: feed ``data``'s batches to ``step`` for the budget.
+
+    A trainer with several phases (several optimisers, several objectives: FedADG's
+    classification then alignment epochs) calls this once per phase with its own ``step`` and
+    budget; ``first_number`` continues the batch numbering, so every batch of a round draws
+    distinct augmentations.
+
+    Args:
+        data: the client's samples.
+        budget: ``local_epochs`` full passes, or ``local_steps`` batches (cycling through epochs).
+        generator: drives the batch order (seeded by the engine per round and client).
+        step: trains on one batch and returns its loss.
+        augmentation: adds its views to every batch (:class:`~fedbed.federation.local_data.Batch`).
+        augmentation_seed: seed of the views (:meth:`ClientData.batches`).
+        augment_inputs: the batch's ``inputs`` are its first view.
+        first_number: the number of this phase's first batch.
+
+    Returns:
+        ``(mean loss over the steps taken, number of steps)``.
+    """
+    total, steps = 0.0, 0
+    max_steps = budget.local_steps
+    epochs = budget.local_epochs
+    epoch = 0
+    while (epochs is None or epoch < epochs) and (max_steps is None or steps < max_steps):
+        for batch in data.batches(budget.batch_size, generator, augmentation, augmentation_seed,
+                                  first_number + steps, augment_inputs):
+            total += step(batch)
+            steps += 1
+            if max_steps is not None and steps >= max_steps:
+                break
+        epoch += 1
+    return total / max(steps, 1), steps
+
+
 def train_locally(
     model: nn.Module,
     data: ClientData,
     hparams: LocalTrainingHyperparameters,
     budget: TrainingBudget,
     generator: torch.Generator,
-    batch_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    batch_loss: Callable[[Batch], torch.Tensor],
     extra_parameters: Sequence[torch.Tensor] = (),
+    before_step: Callable[[torch.optim.Optimizer], None] | None = None,
+    **batch_options: Any,
 ) -> float:
-    """Minimise ``batch_loss(inputs, targets)`` on ``data`` for the budget.
+    """Minimise ``batch_loss(batch)`` on ``data`` for the budget with one optimiser.
 
     Args:
         model: trained in place (its parameters are optimised).
@@ -67,63 +121,84 @@ def train_locally(
         generator: drives the batch order (seeded by the engine per round and client).
         batch_loss: the differentiable loss of one batch (task loss plus any method term).
         extra_parameters: further tensors optimised alongside the model (e.g. FedSR's prior).
+        before_step: called after ``backward`` and before the optimiser's step with the
+            optimiser; it may edit or drop (set to ``None``) the gradients of any parameter
+            group (FedGaLA's local alignment).
+        batch_options: passed to :func:`run_batches` (augmentation and its seed).
 
     Returns:
         The mean training loss over the steps taken.
     """
     model.train()
     optimizer = make_optimizer([*model.parameters(), *extra_parameters], hparams)
-    total, steps = 0.0, 0
-    max_steps = budget.local_steps if budget.local_steps is not None else None
-    epochs = budget.local_epochs if budget.local_epochs is not None else None
-    epoch = 0
-    while (epochs is None or epoch < epochs) and (max_steps is None or steps < max_steps):
-        for inputs, targets in data.batches(budget.batch_size, generator):
-            loss = batch_loss(inputs, targets)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total += float(loss.detach())
-            steps += 1
-            if max_steps is not None and steps >= max_steps:
-                break
-        epoch += 1
-    return total / max(steps, 1)
+
+    def step(batch: Batch) -> float:
+        loss = batch_loss(batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if before_step is not None:
+            before_step(optimizer)
+        optimizer.step()
+        return float(loss.detach())
+
+    return run_batches(data, budget, generator, step, **batch_options)[0]
+
+
+AUGMENTATION_PURPOSE = 0xA5
+"""Mixed into a client's batch seed to seed its augmentations (the batch order keeps its own draws)."""
+
+
+def augmentation_seed(payload: Payload) -> int:
+    """The seed of a client's augmented views this round, from the engine's ``batch_seed``."""
+    return derive_seed(int(payload.config["batch_seed"]), AUGMENTATION_PURPOSE)
 
 
 class SupervisedTrainer(ClientTrainer):
     """Load the payload's state dict, train on the task loss, send the trained state dict back.
 
     The client half of FedAvg, Central and Local-only; subclasses change the objective through
-    :meth:`loss` or add a term built from the payload through :meth:`extra_loss`.
+    :meth:`batch_loss` (which sees the payload, the batch and the client's persistent state) and
+    train tensors of their own kept in that state through :meth:`local_parameters`. With the
+    run's ``augmentation`` setting, each batch is replaced by its augmented view.
     """
 
     def __init__(self, hparams: LocalTrainingHyperparameters, context: AlgorithmContext) -> None:
         self.hparams = hparams
         self.budget = context.budget
         self.task = context.task
+        self.augmentation = context.augmentation
         self.model = context.model_factory()
-        self.extra_parameters: list[torch.Tensor] = []
 
-    def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The objective of one batch (:func:`task_loss` by default)."""
-        return task_loss(self.task, model(inputs), targets)
+    def batch_loss(self, model: nn.Module, batch: Batch, payload: Payload, state: dict[str, Any]) -> torch.Tensor:
+        """The objective of one batch (:func:`task_loss` of ``batch.inputs`` by default).
 
-    def extra_loss(self, payload: Payload) -> Callable[[nn.Module], torch.Tensor] | None:
-        """An additional loss term built from the payload (none by default)."""
-        return None
+        Args:
+            model: the local model being trained.
+            batch: the batch (its ``inputs`` are augmented when the run augments).
+            payload: what the server sent this round (arrays and read-only arrays).
+            state: the client's persistent state (read and write).
+        """
+        return task_loss(self.task, model(batch.inputs), batch.targets)
+
+    def local_parameters(self, state: dict[str, Any]) -> list[torch.Tensor]:
+        """Tensors of the client's persistent ``state`` trained alongside the model and never
+        sent (FedSR's class priors); none by default. They are made trainable for the round
+        and frozen again after it, so the state at rest holds no autograd history."""
+        return []
 
     def fit(self, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
-        self.model.load_state_dict(payload.arrays)
-        generator = torch.Generator().manual_seed(int(payload.config["batch_seed"]))
-        extra = self.extra_loss(payload)
         model = self.model
-
-        def batch_loss(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            loss = self.loss(model, inputs, targets)
-            return loss if extra is None else loss + extra(model)
-
-        loss = train_locally(model, data, self.hparams, self.budget, generator, batch_loss, self.extra_parameters)
+        model.load_state_dict(payload.arrays)
+        generator = torch.Generator().manual_seed(int(payload.config["batch_seed"]))
+        local = [tensor.requires_grad_(True) for tensor in self.local_parameters(state)]
+        loss = train_locally(
+            model, data, self.hparams, self.budget, generator,
+            lambda batch: self.batch_loss(model, batch, payload, state), local,
+            augmentation=self.augmentation, augmentation_seed=augmentation_seed(payload),
+            augment_inputs=self.augmentation is not None,
+        )
+        for tensor in local:
+            tensor.requires_grad_(False)
         return Reply(arrays=clone_arrays(model.state_dict()), num_examples=len(data), metrics={"loss": loss})
 
 

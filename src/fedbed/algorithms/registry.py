@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from fedbed.data.augmentation import Augmentation
 from fedbed.federation.strategy import ClientTrainer, ServerStrategy
 from fedbed.models import DomainClassifier
 
@@ -44,12 +45,14 @@ class AlgorithmContext:
         budget: the local training budget.
         seed: the run's seed.
         task: ``"classification"`` (cross-entropy) or ``"regression"`` (mean squared error).
+        augmentation: the run's ``augmentation`` setting (``None``: train on the images as stored).
     """
 
     model_factory: Callable[[], DomainClassifier]
     budget: TrainingBudget
     seed: int
     task: str = "classification"
+    augmentation: Augmentation | None = None
 
 
 class Algorithm(ABC):

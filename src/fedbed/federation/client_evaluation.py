@@ -58,8 +58,9 @@ def evaluation_payloads(models: list[tuple[nn.Module, tuple[int, ...] | None]],
         client_domains: per client id, the source domains it holds.
 
     Returns:
-        Per client holding at least one scored domain: arrays ``model{j}/<state-dict name>`` of
-        every model ``j`` that counts towards one of its domains, and config
+        Per client holding at least one scored domain: read-only arrays
+        ``model{j}/<state-dict name>`` of every model ``j`` that counts towards one of its domains
+        (the client scores them and sends none back), and config
         ``model{j}/domains`` (comma-separated domain ids to score it on).
     """
     payloads: dict[int, Payload] = {}
@@ -72,7 +73,7 @@ def evaluation_payloads(models: list[tuple[nn.Module, tuple[int, ...] | None]],
                 arrays.update({f"model{j}/{name}": t.detach().clone() for name, t in model.state_dict().items()})
                 config[f"model{j}/domains"] = ",".join(map(str, scored))
         if config:
-            payloads[client] = Payload(arrays, config)
+            payloads[client] = Payload(arrays={}, config=config, read_only_arrays=arrays)
     return payloads
 
 
@@ -112,11 +113,12 @@ class ClientEvaluator:
         metrics: dict[str, float] = {}
         for j, domains in _scored(payload):
             prefix = f"model{j}"
-            state = {name.removeprefix(prefix + "/"): t for name, t in payload.arrays.items() if name.startswith(prefix + "/")}
+            state = {name.removeprefix(prefix + "/"): t for name, t in payload.read_only_arrays.items()
+                     if name.startswith(prefix + "/")}
             self._model.load_state_dict(state)
             for domain in domains:
                 part = holdout.domains == domain
-                share = ClientData(holdout.inputs[part], holdout.targets[part], holdout.domains[part])
+                share = holdout.subset(part)
                 for statistic, amount in metric_statistics(self._model, share, self.task).items():
                     metrics[f"{prefix}/domain{domain}/{statistic}"] = amount
         return Reply(arrays={}, num_examples=len(holdout), metrics=metrics)

@@ -241,6 +241,10 @@ def run_rounds(
             "metrics": summary.metrics,
             "alignment": alignment,
             "telemetry": summary.telemetry,
+            "communication": {
+                "sent_bytes": {str(c): payloads[c].num_bytes() for c in selected},
+                "received_bytes": {str(c): reply.num_bytes() for c, reply in replies.items()},
+            },
             "evaluation": evaluation,
             "evaluation_dropped": evaluation_dropped,
             "seconds": time.perf_counter() - began,

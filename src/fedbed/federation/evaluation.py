@@ -27,7 +27,7 @@ def _outputs(model: nn.Module, data: ClientData, batch_size: int = 1024) -> torc
     """The model's outputs on every sample of ``data``, in eval mode: ``[n, C]`` (or ``[n, 1]``)."""
     was_training = model.training
     model.eval()
-    outputs = torch.cat([model(data.inputs[s : s + batch_size]) for s in range(0, len(data), batch_size)])
+    outputs = torch.cat([model(inputs) for inputs in data.input_chunks(batch_size)])
     model.train(was_training)
     return outputs
 

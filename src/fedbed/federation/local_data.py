@@ -1,26 +1,45 @@
-"""A client's (or an evaluation set's) samples as ready-to-use float tensors."""
+"""A client's (or an evaluation set's) samples, kept as stored and turned into model input per batch.
+
+Images stay ``uint8`` in memory (a quarter of float32's size) and are augmented
+(:mod:`fedbed.data.augmentation`) and scaled (:func:`to_model_input`) one batch at a time.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from fedbed.data.augmentation import Augmentation
 from fedbed.data.base import DomainDataset
+from fedbed.seeding import derive_seed
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
+INPUT_SCALINGS = ("imagenet", "unit", "symmetric")
+"""How ``uint8`` pixels become model input (:func:`to_model_input`)."""
 
-def to_model_input(images: torch.Tensor) -> torch.Tensor:
+
+def to_model_input(images: torch.Tensor, scaling: str = "imagenet") -> torch.Tensor:
     """Turn ``uint8 [N, C, H, W]`` into model input ``float32 [N, C, H, W]``.
 
-    Grey images are scaled to [0, 1] (DomainBed's MNIST transform); RGB images are also
-    normalised with the ImageNet channel mean and std (DomainBed's image transform).
+    Args:
+        images: pixel values 0..255.
+        scaling: ``imagenet`` (DomainBed's transforms: grey images scaled to [0, 1], RGB images
+            also normalised with the ImageNet channel mean and std), ``unit`` ([0, 1]) or
+            ``symmetric`` ([−1, 1], i.e. mean and std 0.5 per channel).
+
+    Raises:
+        ValueError: an unknown ``scaling``.
     """
+    if scaling not in INPUT_SCALINGS:
+        raise ValueError(f"unknown input scaling {scaling!r}; choose one of {', '.join(INPUT_SCALINGS)}")
     scaled = images.float().div_(255.0)
-    if scaled.shape[1] == 3:
+    if scaling == "symmetric":
+        scaled.sub_(0.5).div_(0.5)
+    elif scaling == "imagenet" and scaled.shape[1] == 3:
         mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
         std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
         scaled.sub_(mean).div_(std)
@@ -28,30 +47,83 @@ def to_model_input(images: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class ClientData:
-    """Samples held in memory, decoded once.
+class Batch:
+    """One training batch.
 
     Attributes:
-        inputs: ``float32 [n, C, H, W]`` model input.
-        targets: ``int64 [n]`` class labels (or ``float32 [n]`` regression targets).
-        domains: ``int64 [n]`` domain id of each sample.
+        inputs: ``float32 [B, C, H, W]`` model input of the samples as stored (or, when the
+            trainer asked for augmented inputs, of the first augmented view).
+        targets: ``int64 [B]`` class labels (or ``float32 [B]`` regression targets).
+        views: k augmented views ``float32 [B, C, H, W]`` of the same samples (empty without
+            an augmentation).
+        number: the batch's 0-based position in the round (across epochs).
     """
 
     inputs: torch.Tensor
     targets: torch.Tensor
+    views: tuple[torch.Tensor, ...] = ()
+    number: int = 0
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """Samples held in memory, decoded once.
+
+    Attributes:
+        images: ``uint8 [n, C, H, W]`` pixels, scaled per batch with ``scaling``; a tensor of
+            any other dtype is taken as model input already (features, synthetic test data) and
+            used as is.
+        targets: ``int64 [n]`` class labels (or ``float32 [n]`` regression targets).
+        domains: ``int64 [n]`` domain id of each sample.
+        scaling: one of :data:`INPUT_SCALINGS`.
+    """
+
+    images: torch.Tensor
+    targets: torch.Tensor
     domains: torch.Tensor
+    scaling: str = field(default="imagenet")
 
     @classmethod
-    def from_dataset(cls, dataset: DomainDataset, indices: torch.Tensor) -> "ClientData":
-        """Select ``indices`` of ``dataset`` and convert them with :func:`to_model_input`."""
-        return cls(to_model_input(dataset.images[indices]), dataset.labels[indices], dataset.domains[indices])
+    def from_dataset(cls, dataset: DomainDataset, indices: torch.Tensor, scaling: str = "imagenet") -> "ClientData":
+        """Select ``indices`` of ``dataset`` (images stay ``uint8``)."""
+        return cls(dataset.images[indices], dataset.labels[indices], dataset.domains[indices], scaling)
 
     def __len__(self) -> int:
         return int(self.targets.shape[0])
 
-    def batches(self, batch_size: int, generator: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """One shuffled pass (an epoch) in batches of ``batch_size`` (the last may be smaller)."""
+    def model_input(self, images: torch.Tensor) -> torch.Tensor:
+        """Some of this set's images as model input (``uint8`` pixels scaled to ``float32``)."""
+        return to_model_input(images, self.scaling) if images.dtype == torch.uint8 else images
+
+    def subset(self, mask: torch.Tensor | slice) -> "ClientData":
+        """The samples selected by a boolean mask, an index tensor or a slice."""
+        return ClientData(self.images[mask], self.targets[mask], self.domains[mask], self.scaling)
+
+    def input_chunks(self, chunk_size: int) -> Iterator[torch.Tensor]:
+        """Every sample's model input in order, ``chunk_size`` at a time (for evaluation)."""
+        for start in range(0, len(self), chunk_size):
+            yield self.model_input(self.images[start : start + chunk_size])
+
+    def batches(self, batch_size: int, generator: torch.Generator, augmentation: Augmentation | None = None,
+                augmentation_seed: int = 0, first_number: int = 0, augment_inputs: bool = False) -> Iterator[Batch]:
+        """One shuffled pass (an epoch) in batches of ``batch_size`` (the last may be smaller).
+
+        Args:
+            batch_size: samples per batch.
+            generator: drives the order (only the order: augmentation draws from its own seed).
+            augmentation: adds ``augmentation.views`` views to every batch.
+            augmentation_seed: batch ``b``'s views are drawn with ``derive_seed(augmentation_seed, b)``.
+            first_number: the ``number`` of the first batch (batches are numbered across epochs).
+            augment_inputs: make ``inputs`` the first view (plain training on augmented images).
+        """
         order = torch.randperm(len(self), generator=generator)
-        for start in range(0, len(self), batch_size):
+        for offset, start in enumerate(range(0, len(self), batch_size)):
             index = order[start : start + batch_size]
-            yield self.inputs[index], self.targets[index]
+            number = first_number + offset
+            images = self.images[index]
+            views: tuple[torch.Tensor, ...] = ()
+            if augmentation is not None:
+                raw = augmentation.apply(images, derive_seed(augmentation_seed, number))
+                views = tuple(self.model_input(view) for view in raw)
+            inputs = views[0] if augment_inputs and views else self.model_input(images)
+            yield Batch(inputs, self.targets[index], views, number)

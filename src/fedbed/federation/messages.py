@@ -1,6 +1,7 @@
 """Messages between server and clients, mirroring Flower's Message API records.
 
-``Payload`` maps to an ``ArrayRecord`` (``arrays``) plus a ``ConfigRecord`` (``config``);
+``Payload`` maps to two ``ArrayRecord``s (``arrays``, the model the client trains and sends back, and
+``read_only_arrays``, what else the server sends) plus a ``ConfigRecord`` (``config``);
 ``Reply`` to an ``ArrayRecord`` plus a ``MetricRecord`` (``metrics`` and ``num_examples``).
 Only tensors and scalars cross the boundary, never data samples.
 """
@@ -15,17 +16,34 @@ import torch
 Scalar = int | float | str | bool
 
 
+def array_bytes(arrays: dict[str, torch.Tensor]) -> int:
+    """Total size in bytes of named tensors (elements x element size)."""
+    return sum(t.numel() * t.element_size() for t in arrays.values())
+
+
 @dataclass
 class Payload:
     """What the server sends one client for one round.
 
     Attributes:
-        arrays: named tensors (e.g. the global model's state dict); may differ per client.
+        arrays: the model the client starts from (e.g. the global model's state dict); may
+            differ per client. A reply must send back an array of the same name, shape and
+            dtype for each of them (the engine drops it otherwise), and the alignment
+            telemetry measures the client's update against them.
         config: named scalars (e.g. the round number, a proximal coefficient).
+        read_only_arrays: further named tensors the client may read but does not train or send
+            back (other clients' heads, the global model's last change, models to score): no
+            reply check, loading, averaging or alignment telemetry sees them; the round's
+            communication telemetry counts their bytes.
     """
 
     arrays: dict[str, torch.Tensor]
     config: dict[str, Scalar] = field(default_factory=dict)
+    read_only_arrays: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def num_bytes(self) -> int:
+        """Bytes of every tensor sent (``arrays`` and ``read_only_arrays``)."""
+        return array_bytes(self.arrays) + array_bytes(self.read_only_arrays)
 
 
 @dataclass
@@ -41,6 +59,10 @@ class Reply:
     arrays: dict[str, torch.Tensor]
     num_examples: int
     metrics: dict[str, float] = field(default_factory=dict)
+
+    def num_bytes(self) -> int:
+        """Bytes of every tensor returned."""
+        return array_bytes(self.arrays)
 
 
 @dataclass(frozen=True)

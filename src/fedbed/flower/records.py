@@ -1,7 +1,7 @@
 """FedBed's messages as Flower records (Flower 1.41 Message API).
 
 - :class:`~fedbed.federation.messages.Payload` <-> ``RecordDict{"arrays": ArrayRecord,
-  "config": ConfigRecord}``
+  "read-only-arrays": ArrayRecord, "config": ConfigRecord}``
 - :class:`~fedbed.federation.messages.Reply` <-> ``RecordDict{"arrays": ArrayRecord,
   "metrics": MetricRecord}``, ``num_examples`` being one of the metrics (as Flower's own
   strategies expect it).
@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedbed.federation.messages import Payload, Reply
 
-ARRAYS, CONFIG, METRICS = "arrays", "config", "metrics"
+ARRAYS, READ_ONLY_ARRAYS, CONFIG, METRICS = "arrays", "read-only-arrays", "config", "metrics"
 NUM_EXAMPLES = "num_examples"
 
 
@@ -31,7 +31,8 @@ def _from_array_record(record: ArrayRecord) -> dict[str, torch.Tensor]:
 
 def payload_to_records(payload: Payload) -> RecordDict:
     """The records of one server-to-client message (see the module docstring)."""
-    return RecordDict({ARRAYS: _to_array_record(payload.arrays), CONFIG: ConfigRecord(dict(payload.config))})
+    return RecordDict({ARRAYS: _to_array_record(payload.arrays), READ_ONLY_ARRAYS: _to_array_record(payload.read_only_arrays),
+                       CONFIG: ConfigRecord(dict(payload.config))})
 
 
 def payload_from_records(content: RecordDict) -> Payload:
@@ -40,7 +41,9 @@ def payload_from_records(content: RecordDict) -> Payload:
     Raises:
         KeyError: the message holds no ``arrays`` or ``config`` record (it did not come from FedBed).
     """
-    return Payload(arrays=_from_array_record(content.array_records[ARRAYS]), config=dict(content.config_records[CONFIG]))
+    read_only = content.array_records.get(READ_ONLY_ARRAYS)
+    return Payload(arrays=_from_array_record(content.array_records[ARRAYS]), config=dict(content.config_records[CONFIG]),
+                   read_only_arrays=_from_array_record(read_only) if read_only is not None else {})
 
 
 def reply_to_records(reply: Reply) -> RecordDict:

@@ -1,0 +1,95 @@
+"""Named, seeded image augmentations applied per batch (``torchvision.transforms.v2``).
+
+An :class:`Augmentation` turns a batch of ``uint8 [B, C, H, W]`` images into ``k`` augmented
+views of the same shape and dtype. Every image draws its own random parameters (a v2 transform
+called on a whole batch would draw one crop for all of them), and all draws of one call come from
+torch's global generator re-seeded with the call's ``seed`` inside :func:`torch.random.fork_rng`,
+so the views depend on the seed alone and the caller's random stream does not move. The engine
+derives that seed from (run seed, round, client, batch), so a resumed run stays bit-identical.
+
+Named transforms (:data:`AUGMENTATIONS`); each takes the channel count and the image side:
+
+- ``flip_crop``: random horizontal flip, then a random crop of the original side after
+  reflection-padding by side/8 (4 px at 32 px: the CIFAR recipe of He et al. 2016, Sec. 4.2).
+- ``randaugment``: RandAugment (Cubuk et al. 2020) with torchvision's defaults, 2 operations of
+  magnitude 9 out of 31 bins (MCGDM's augmentation, ``mcgdm.md``).
+- ``simclr``: SimCLR's view pipeline for small images (Chen et al. 2020, App. B.9 for CIFAR-10):
+  random resized crop to the side (scale 0.08-1), horizontal flip, colour jitter of strength
+  0.5 (brightness, contrast and saturation 0.4, hue 0.1) with probability 0.8, grayscale with
+  probability 0.2; no Gaussian blur, as the paper drops it at 32 px. Grey images get the crop
+  and the flip only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torchvision.transforms import v2
+
+
+def _flip_crop(channels: int, side: int) -> v2.Transform:
+    return v2.Compose([v2.RandomHorizontalFlip(), v2.RandomCrop(side, padding=max(1, side // 8), padding_mode="reflect")])
+
+
+def _randaugment(channels: int, side: int) -> v2.Transform:
+    return v2.RandAugment()
+
+
+def _simclr(channels: int, side: int) -> v2.Transform:
+    geometric = [v2.RandomResizedCrop(side, scale=(0.08, 1.0), antialias=True), v2.RandomHorizontalFlip()]
+    if channels != 3:
+        return v2.Compose(geometric)
+    colour = [v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), v2.RandomGrayscale(p=0.2)]
+    return v2.Compose(geometric + colour)
+
+
+AUGMENTATIONS: dict[str, Callable[[int, int], v2.Transform]] = {
+    "flip_crop": _flip_crop,
+    "randaugment": _randaugment,
+    "simclr": _simclr,
+}
+"""Name -> builder ``(channels, side) -> transform`` of one ``uint8 [C, H, W]`` image."""
+
+
+class AugmentationError(ValueError):
+    """Raised for an unknown augmentation name or an invalid number of views."""
+
+
+@dataclass(frozen=True)
+class Augmentation:
+    """A named augmentation producing ``views`` augmented copies of each batch.
+
+    Attributes:
+        name: a key of :data:`AUGMENTATIONS`.
+        views: k >= 1 views per image (SimCLR-style methods use 2).
+
+    Raises:
+        AugmentationError: unknown name or ``views < 1``.
+    """
+
+    name: str
+    views: int = 1
+
+    def __post_init__(self) -> None:
+        if self.name not in AUGMENTATIONS:
+            raise AugmentationError(f"unknown augmentation {self.name!r}; choose one of {', '.join(AUGMENTATIONS)}")
+        if self.views < 1:
+            raise AugmentationError(f"an augmentation needs at least one view, got {self.views}")
+
+    def apply(self, images: torch.Tensor, seed: int) -> list[torch.Tensor]:
+        """``views`` augmented copies of a batch.
+
+        Args:
+            images: ``uint8 [B, C, H, W]``.
+            seed: the only source of randomness of this call.
+
+        Returns:
+            ``views`` tensors ``uint8 [B, C, H, W]``, each image transformed with its own draws.
+        """
+        transform = AUGMENTATIONS[self.name](int(images.shape[1]), int(images.shape[-1]))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return [torch.stack([transform(image) for image in images]) if len(images) else images.clone()
+                    for _ in range(self.views)]

@@ -1,0 +1,79 @@
+"""Augmentation views and input scaling: seeded, shape-preserving, applied per batch, resumable."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fedbed.data.augmentation import AUGMENTATIONS, Augmentation, AugmentationError
+from fedbed.experiment import ExperimentConfig, run_experiment
+from fedbed.federation.local_data import ClientData, to_model_input
+
+
+def rgb_images(count=6, side=32, seed=0):
+    return torch.randint(0, 256, (count, 3, side, side), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("name", sorted(AUGMENTATIONS))
+def test_views_are_seeded_shape_preserving_and_per_image(name):
+    images = rgb_images()
+    augmentation = Augmentation(name, views=2)
+    before = torch.random.get_rng_state()
+    first, second = augmentation.apply(images, seed=5)
+    assert torch.equal(torch.random.get_rng_state(), before)  # the caller's random stream does not move
+    assert first.shape == images.shape and first.dtype == torch.uint8
+    again = augmentation.apply(images, seed=5)
+    assert torch.equal(again[0], first) and torch.equal(again[1], second)
+    assert not torch.equal(first, second)  # two views draw differently
+    assert not torch.equal(augmentation.apply(images, seed=6)[0], first)
+    grey = augmentation.apply(images[:, :1], seed=5)[0]
+    assert grey.shape == images[:, :1].shape
+
+
+def test_each_image_draws_its_own_flip():
+    images = torch.arange(4, dtype=torch.uint8).view(1, 1, 1, 4).expand(64, 3, 4, 4).contiguous()
+    (view,) = Augmentation("flip_crop").apply(images, seed=0)
+    assert 0 < sum(int(torch.equal(v, images[0])) for v in view) < 64  # some flipped, some not: not one draw for all
+
+
+def test_bad_names_and_view_counts_are_refused():
+    with pytest.raises(AugmentationError, match="unknown augmentation 'mixup'; choose one of"):
+        Augmentation("mixup")
+    with pytest.raises(AugmentationError, match="at least one view"):
+        Augmentation("simclr", views=0)
+
+
+def test_input_scalings():
+    pixels = torch.tensor([0, 255], dtype=torch.uint8).view(2, 1, 1, 1).expand(2, 3, 1, 1)
+    assert to_model_input(pixels, "unit").flatten().tolist() == [0.0] * 3 + [1.0] * 3
+    assert to_model_input(pixels, "symmetric").flatten().tolist() == [-1.0] * 3 + [1.0] * 3
+    imagenet = to_model_input(pixels, "imagenet")
+    assert imagenet[0, 0, 0, 0].item() == pytest.approx(-0.485 / 0.229)
+    with pytest.raises(ValueError, match="unknown input scaling"):
+        to_model_input(pixels, "zscore")
+
+
+def test_batches_stay_uint8_until_the_batch_and_number_their_views():
+    data = ClientData(rgb_images(10), torch.arange(10), torch.zeros(10, dtype=torch.long), "unit")
+    assert data.images.dtype == torch.uint8
+    batches = list(data.batches(4, torch.Generator().manual_seed(0), Augmentation("simclr", views=2), 9, first_number=3))
+    assert [b.number for b in batches] == [3, 4, 5] and [len(b.views) for b in batches] == [2, 2, 2]
+    order = torch.randperm(10, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(batches[0].inputs, to_model_input(data.images[order[:4]], "unit"))  # augmentation leaves the order alone
+    again = list(data.batches(4, torch.Generator().manual_seed(0), Augmentation("simclr", views=2), 9, first_number=3))
+    assert all(torch.equal(a.views[1], b.views[1]) for a, b in zip(batches, again))
+
+
+def test_an_augmented_run_resumes_bit_identically(tmp_path):
+    settings = dict(model="lenet", rounds=2, local_steps=2, batch_size=8, augmentation="flip_crop", input_scaling="symmetric")
+    straight = run_experiment(ExperimentConfig(run_dir=tmp_path / "a", **settings), progress=False, echo=lambda *_: None)
+    run_experiment(ExperimentConfig(run_dir=tmp_path / "b", **{**settings, "rounds": 1}), progress=False, echo=lambda *_: None)
+    resumed = run_experiment(ExperimentConfig(run_dir=tmp_path / "b", **settings), resume=True, progress=False, echo=lambda *_: None)
+    logs = [[json.loads(line)["metrics"] for line in (tmp_path / r / "rounds.jsonl").read_text().splitlines()] for r in "ab"]
+    assert logs[0] == logs[1]
+    assert straight["selection"]["last"]["ood"] == resumed["selection"]["last"]["ood"]
+    plain = run_experiment(ExperimentConfig(run_dir=tmp_path / "c", **{**settings, "augmentation": None}),
+                           progress=False, echo=lambda *_: None)
+    assert json.loads((tmp_path / "c" / "rounds.jsonl").read_text().splitlines()[0])["metrics"] != logs[0][0]
