@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from fedbed.experiment import ExperimentConfig
-from fedbed.flower.launch import BACKENDS, run_on_backend
+from fedbed.backends import BACKENDS, run_on_backend
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from fedbed.experiment import ExperimentConfig, run_experiment
-from fedbed.federation.engine import LOG_NAME
+from fedbed.run_directory import LOG_NAME
 
 
 def main() -> None:

@@ -56,7 +56,7 @@ def test_input_scalings():
 
 
 def test_batches_stay_uint8_until_the_batch_and_number_their_views():
-    data = ClientData(rgb_images(10), torch.arange(10), torch.zeros(10, dtype=torch.long), "unit")
+    data = ClientData(rgb_images(10), torch.arange(10), torch.zeros(10, dtype=torch.long), scaling="unit")
     assert data.images.dtype == torch.uint8
     batches = list(data.batches(4, torch.Generator().manual_seed(0), Augmentation("simclr", views=2), 9, first_number=3))
     assert [b.number for b in batches] == [3, 4, 5] and [len(b.views) for b in batches] == [2, 2, 2]

@@ -12,12 +12,12 @@ import torch
 from flwr.app import Context, Message, Metadata, RecordDict
 
 from fedbed.experiment import ExperimentConfig, build_run, run_experiment
-from fedbed.federation.engine import LOG_NAME
+from fedbed.run_directory import LOG_NAME
 from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.client_evaluation import evaluation_payloads
 from fedbed.flower.apps import STATE_RECORD, client_evaluate, client_train
 from fedbed.flower.deployment import local_federation, run_flower_deployment, write_app
-from fedbed.flower.launch import run_flower_simulation
+from fedbed.flower.simulation import run_flower_simulation
 from fedbed.flower.records import payload_from_records, payload_to_records, reply_from_records, reply_to_records
 
 def flower_processes_of(folder) -> list[int]:

@@ -7,7 +7,8 @@ from collections import Counter
 import torch
 
 from fedbed.experiment import ExperimentConfig, run_experiment
-from fedbed.provenance import PROVENANCE_NAME, UNRECORDED, record_start, source_fingerprint, source_mix
+from fedbed.run_directory import PROVENANCE_NAME
+from fedbed.provenance import UNRECORDED, record_start, source_fingerprint, source_mix
 from fedbed.reporting import mixed_code_warning
 
 

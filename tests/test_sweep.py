@@ -13,7 +13,8 @@ from fedbed.cli import app
 from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.plots import plot_sweep
 from fedbed.results import query_rounds
-from fedbed.sweep import DONE_MARKER, SweepSpec, config_hash, expand, run_sweep
+from fedbed.run_directory import DONE_MARKER
+from fedbed.sweep import SweepSpec, config_hash, expand, run_sweep
 
 runner = CliRunner()
 

@@ -66,10 +66,10 @@ def run(
     """
     from fedbed.data import dataset_spec
     from fedbed.data.base import DataError
-    from fedbed.experiment import ConfigError, config_from_mapping, load_config_file
+    from fedbed.backends import BACKENDS, BackendError, run_on_backend
+    from fedbed.config import ConfigError, config_from_mapping, load_config_file, validate
     from fedbed.federation.engine import EngineError
     from fedbed.federation.evaluation import format_domain_table
-    from fedbed.flower.launch import BACKENDS, FlowerError, run_on_backend
 
     try:
         if backend not in BACKENDS:
@@ -101,8 +101,6 @@ def run(
             if "run_dir" in values:
                 fail("--target all writes one run directory per target; drop --run-dir")
         configs = [config_from_mapping({**values, "target": t}) for t in targets]
-        from fedbed.experiment import validate
-
         for each in configs:
             validate(each)
     except (ConfigError, DataError) as error:
@@ -113,11 +111,14 @@ def run(
             summary = run_on_backend(each, backend, progress=progress, echo=typer.echo, **options)
         except ConfigError as error:
             fail(str(error))
-        except (EngineError, FlowerError) as error:
+        except (EngineError, BackendError) as error:
             typer.echo(f"error: {error}", err=True)
             raise typer.Exit(1)
         typer.echo(f"\n{summary['algorithm']} on {summary['dataset']}, target {summary['target']} (accuracy %):")
         typer.echo(format_domain_table(summary["selection"]))
+        for key in ("note", "adaptation_note"):
+            if key in summary["evaluation"]:
+                typer.echo(f"evaluation: {summary['evaluation'][key]}")
         typer.echo(f"summary: {each.resolved_run_dir() / 'summary.json'}")
 
 
@@ -129,7 +130,7 @@ def flower_app(
 ) -> None:
     """Write a Flower App for one run, to submit with `flwr run FOLDER FEDERATION` to a SuperLink
     whose SuperNodes run FedBed's ClientApp (the manual mode of "Running across machines")."""
-    from fedbed.experiment import ConfigError, config_from_mapping, load_config_file, validate
+    from fedbed.config import ConfigError, config_from_mapping, load_config_file, validate
     from fedbed.flower.deployment import write_app
 
     try:
@@ -205,7 +206,7 @@ def sweep(
     progress: Annotated[bool, typer.Option(help="Show the overall progress bar.")] = True,
 ) -> None:
     """Run a grid of algorithms x targets x seeds x hyperparameters; finished jobs are skipped."""
-    from fedbed.experiment import ConfigError
+    from fedbed.config import ConfigError
     from fedbed.sweep import expand, load_sweep, run_sweep
 
     try:

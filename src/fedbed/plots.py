@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from fedbed.federation.engine import LOG_NAME  # noqa: E402
+from fedbed.run_directory import LOG_NAME  # noqa: E402
 
 
 class PlotError(ValueError):

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-PROVENANCE_NAME = "provenance.jsonl"
-"""One JSON line per start of a run in its run directory (the first start, then each resumption)."""
+from fedbed.run_directory import PROVENANCE_NAME
+
 
 UNRECORDED = "unrecorded"
 """The source fingerprint of a run whose summary holds no provenance (made before it was recorded)."""

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from scipy import stats
 
-from fedbed.experiment import CONFIG_NAME, SUMMARY_NAME
+from fedbed.run_directory import CONFIG_NAME, SUMMARY_NAME
 
 
 def collect_summaries(root: Path) -> list[dict[str, Any]]:

@@ -22,12 +22,10 @@ from typing import Any
 import torch
 import yaml
 
-from fedbed.experiment import CONFIG_NAME, SUMMARY_NAME
-from fedbed.federation.engine import LOG_NAME
 from fedbed.federation.evaluation import SELECTION_RULES
 from fedbed.gradients import mean_pairwise_cosine
+from fedbed.run_directory import CONFIG_NAME, LOG_NAME, STORE_NAME, SUMMARY_NAME, SWEEP_RECORD
 
-STORE_NAME = "results.sqlite"
 RUN_COLUMNS = ("run", "dataset", "algorithm", "label", "target", "seed", "hp", "done") + tuple(
     f"{rule}_{field}" for rule in SELECTION_RULES for field in ("round", "id", "ood")
 )
@@ -39,7 +37,7 @@ class ResultsError(ValueError):
 
 def varied_hyperparameters(sweep_dir: Path) -> dict[str, list[str]]:
     """Per algorithm, the hyperparameters the sweep file gives more than one value."""
-    record = sweep_dir / "sweep.yaml"
+    record = sweep_dir / SWEEP_RECORD
     if not record.exists():
         return {}
     spec = yaml.safe_load(record.read_text()) or {}
@@ -48,7 +46,7 @@ def varied_hyperparameters(sweep_dir: Path) -> dict[str, list[str]]:
 
 def sweep_variants(sweep_dir: Path) -> dict[str, dict[str, Any]]:
     """The named variants of the sweep file recorded in ``sweep_dir`` (none without a record)."""
-    record = sweep_dir / "sweep.yaml"
+    record = sweep_dir / SWEEP_RECORD
     if not record.exists():
         return {}
     return (yaml.safe_load(record.read_text()) or {}).get("variants") or {}

@@ -38,22 +38,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tqdm import tqdm
 
 from fedbed.data import dataset_spec
-from fedbed.experiment import (
-    PLACEMENT_SETTINGS,
-    SUMMARY_NAME,
-    ConfigError,
-    ExperimentConfig,
-    config_from_mapping,
-    run_experiment,
-    validate,
-)
-from fedbed.federation.engine import CHECKPOINT_NAME
+from fedbed.config import PLACEMENT_SETTINGS, ConfigError, ExperimentConfig, config_from_mapping, validate
+from fedbed.experiment import run_experiment
 from fedbed.provenance import run_sources, source_fingerprint
+from fedbed.run_directory import CHECKPOINT_NAME, DONE_MARKER, SUMMARY_NAME, SWEEP_RECORD
 
-DONE_MARKER = "done"
 PER_JOB_KEYS = ("algorithm", "target", "seed", "run_dir")
 """Settings a sweep sets per job: neither ``base`` nor a variant may hold them."""
-SWEEP_RECORD = "sweep.yaml"
 
 
 class SweepSpec(BaseModel):

@@ -65,6 +65,8 @@ class Algorithm(ABC):
         pooled: True for Central / DeepAll (one client holding every source domain).
         dataset_defaults: per dataset name, hyperparameter values the paper uses there; they
             replace the general defaults and are themselves replaced by the user's values.
+        evaluation_protocol: how the method's representation is scored unless the config says
+            otherwise (``argmax``, or ``linear_probe`` for self-supervised methods).
     """
 
     name: ClassVar[str]
@@ -72,6 +74,7 @@ class Algorithm(ABC):
     hyperparameters: ClassVar[type[Hyperparameters]]
     pooled: ClassVar[bool] = False
     dataset_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
+    evaluation_protocol: ClassVar[str] = "argmax"
 
     def wrap_model(self, model: DomainClassifier, hparams: Any) -> DomainClassifier:
         """The model the method trains, built around the protocol's model (unchanged by default;

@@ -10,8 +10,8 @@ from fedbed.data.splits import (
     partition_lambda_mix,
     partition_one_client_per_domain,
     partition_pooled,
-    sample_clients,
     split_leave_one_domain_out,
+    split_target_for_adaptation,
 )
 
 __all__ = [
@@ -29,6 +29,6 @@ __all__ = [
     "partition_pooled",
     "prepare_dataset",
     "resolve_data_root",
-    "sample_clients",
     "split_leave_one_domain_out",
+    "split_target_for_adaptation",
 ]

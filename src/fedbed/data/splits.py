@@ -160,21 +160,24 @@ def partition_lambda_mix(split: DomainSplit, num_clients: int, mix_lambda: float
     return [_client(pieces, ds) for pieces, ds in zip(held, domains)]
 
 
-def sample_clients(num_clients: int, participation_fraction: float, seed: int, round_number: int) -> list[int]:
-    """The clients taking part in one round: ``max(1, round(fraction * N))`` drawn without replacement.
+def split_target_for_adaptation(target: torch.Tensor, adaptation_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``domain_adaptation`` protocol's split of the target domain's samples: a seeded
+    ``round(fraction * m)`` for unlabelled adaptation (at least one), the rest, disjoint, for
+    the ood test (at least one).
 
-    The draw depends only on ``(seed, round_number)``, so a resumed run samples the same clients.
+    Returns:
+        ``(adaptation indices, test indices)``, each sorted.
 
     Raises:
-        DataError: if the fraction lies outside ``(0, 1]``.
+        DataError: a fraction outside (0, 1) or a target of fewer than two samples.
     """
-    if not 0.0 < participation_fraction <= 1.0:
-        raise DataError(f"participation fraction must lie in (0, 1], got {participation_fraction}")
-    count = max(1, round(participation_fraction * num_clients))
-    if count >= num_clients:
-        return list(range(num_clients))
-    chosen = torch.randperm(num_clients, generator=seeded_generator(seed, 15485863, round_number))[:count]
-    return sorted(int(c) for c in chosen)
+    if not 0.0 < adaptation_fraction < 1.0:
+        raise DataError(f"adaptation fraction must lie in (0, 1), got {adaptation_fraction}")
+    if len(target) < 2:
+        raise DataError(f"domain adaptation needs at least two target samples, got {len(target)}")
+    order = target[torch.randperm(len(target), generator=seeded_generator(seed, 49979687))]
+    count = min(len(target) - 1, max(1, round(adaptation_fraction * len(target))))
+    return order[:count].sort().values, order[count:].sort().values
 
 
 __all__ = [
@@ -184,8 +187,8 @@ __all__ = [
     "partition_lambda_mix",
     "partition_one_client_per_domain",
     "partition_pooled",
-    "sample_clients",
     "split_leave_one_domain_out",
+    "split_target_for_adaptation",
 ]
 
 

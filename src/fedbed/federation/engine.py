@@ -21,19 +21,18 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from fedbed.data.splits import sample_clients
-from fedbed.seeding import derive_seed
+from fedbed.seeding import derive_seed, seeded_generator
 from fedbed.federation.client_evaluation import combine_client_statistics, evaluation_payloads
 from fedbed.federation.evaluation import evaluate_models
-from fedbed.federation.local_data import ClientData
+from fedbed.federation.linear_probe import LinearProbe
+from fedbed.federation.local_data import ClientData, UnlabeledImages
 from fedbed.federation.messages import ClientInfo, Payload, Reply
 from fedbed.federation.strategy import ServerStrategy
 from fedbed.federation.transport import ClientTransport
 from fedbed.gradients import alignment_telemetry, flatten
 from fedbed.jsonlog import to_json
+from fedbed.run_directory import CHECKPOINT_NAME, LOG_NAME
 
-LOG_NAME = "rounds.jsonl"
-CHECKPOINT_NAME = "checkpoint.pt"
 
 
 class EngineError(RuntimeError):
@@ -54,6 +53,11 @@ class Federation:
         id_evaluation: ``"server"`` scores ``holdout`` here; ``"clients"`` has each client score
             its own share of it (:mod:`fedbed.federation.client_evaluation`).
         client_domains: per client id, the source domains it holds (for ``"clients"``).
+        probe: the ``linear_probe`` evaluation protocol's settings (``None``: ``argmax``).
+        num_classes: classes of the task (the probe's output width).
+        seed: the run's seed (the probe's shares).
+        adaptation_target: ``domain_adaptation`` protocol only: the target's unlabelled
+            adaptation share, also given to the strategy (``None`` otherwise).
     """
 
     strategy: ServerStrategy
@@ -64,6 +68,27 @@ class Federation:
     task: str = "classification"
     id_evaluation: str = "server"
     client_domains: tuple[tuple[int, ...], ...] = ()
+    probe: LinearProbe | None = None
+    num_classes: int = 0
+    seed: int = 0
+    adaptation_target: UnlabeledImages | None = None
+
+
+def sample_clients(num_clients: int, participation_fraction: float, seed: int, round_number: int) -> list[int]:
+    """The clients taking part in one round: ``max(1, round(fraction * N))`` drawn without replacement.
+
+    The draw depends only on ``(seed, round_number)``, so a resumed run samples the same clients.
+
+    Raises:
+        EngineError: if the fraction lies outside ``(0, 1]``.
+    """
+    if not 0.0 < participation_fraction <= 1.0:
+        raise EngineError(f"participation fraction must lie in (0, 1], got {participation_fraction}")
+    count = max(1, round(participation_fraction * num_clients))
+    if count >= num_clients:
+        return list(range(num_clients))
+    chosen = torch.randperm(num_clients, generator=seeded_generator(seed, 15485863, round_number))[:count]
+    return sorted(int(c) for c in chosen)
 
 
 def evaluate_federation(federation: Federation) -> tuple[dict[str, Any], dict[str, str]]:
@@ -79,7 +104,7 @@ def evaluate_federation(federation: Federation) -> tuple[dict[str, Any], dict[st
         payloads = evaluation_payloads(models, federation.client_domains)
         id_statistics, dropped = combine_client_statistics(payloads, federation.clients.evaluate_round(payloads))
     evaluation = evaluate_models(models, federation.holdout, federation.target, federation.domain_names,
-                                 federation.task, id_statistics)
+                                 federation.task, id_statistics, federation.probe, federation.num_classes, federation.seed)
     return evaluation, dropped
 
 

@@ -1,5 +1,10 @@
 """id / ood accuracy per domain and model selection over a run's rounds.
 
+Evaluation protocols (:data:`EVALUATION_PROTOCOLS`): ``argmax`` scores the model's own
+predictions (arg-max of its logits, or Pearson's r for regression); ``linear_probe`` freezes the
+featurizer and scores a linear classifier trained on a seeded labelled share of each evaluated
+domain (:mod:`fedbed.federation.linear_probe`; on the target it reads target labels).
+
 Model selection (DomainBed, Gulrajani & Lopez-Paz 2021, Sec. 3): ``last`` takes the final
 evaluated round; ``train_domain_val`` the round with the best mean id-validation accuracy over
 the source domains (ties: the earliest); ``oracle`` the round with the best target accuracy —
@@ -14,9 +19,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedbed.federation.linear_probe import LinearProbe
 from fedbed.federation.local_data import ClientData
 
 SELECTION_RULES = ("last", "train_domain_val", "oracle")
+EVALUATION_PROTOCOLS = ("argmax", "linear_probe")
 
 
 _REGRESSION_SUMS = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")
@@ -97,6 +104,9 @@ def evaluate_models(
     domain_names: tuple[str, ...],
     task: str = "classification",
     id_statistics: IdStatistics | None = None,
+    probe: LinearProbe | None = None,
+    num_classes: int = 0,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """id and ood scores: accuracy (percent) or, for regression, Pearson r, per domain.
 
@@ -112,27 +122,33 @@ def evaluate_models(
         id_statistics: the id statistics as the clients computed them on their shares of the
             holdouts (:mod:`fedbed.federation.client_evaluation`); a pair missing from it (its
             client was lost) makes that domain's id score ``nan``.
+        probe: score by the ``linear_probe`` protocol instead of ``argmax`` (classification
+            only; the id holdouts are then scored on the server).
+        num_classes: the probe's output width.
+        seed: the run's seed (fixes the probe's shares).
 
     Returns:
         ``{"metric": name, "id": {domain: score}, "id_mean": float, "ood": {domain: score},
         "ood_mean": float}``; the means are unweighted over domains.
     """
-    result: dict[str, Any] = {"metric": METRICS[task], "id": {}, "ood": {}}
+    result: dict[str, Any] = {"metric": METRICS[task] if probe is None else "linear_probe_accuracy", "id": {}, "ood": {}}
 
-    def score(model: nn.Module, data: ClientData) -> float:
+    def score(model: nn.Module, data: ClientData, domain_id: int) -> float:
+        if probe is not None:
+            return probe.accuracy(model, data, num_classes, seed, domain_id)
         return score_from_statistics(metric_statistics(model, data, task), task)
 
     for domain_id, data in holdout.items():
         counted = [j for j, (_, ds) in enumerate(models) if ds is None or domain_id in ds]
         if id_statistics is None:
-            scores = [score(models[j][0], data) for j in counted]
+            scores = [score(models[j][0], data, domain_id) for j in counted]
         else:
             scores = [score_from_statistics(id_statistics[(j, domain_id)], task) if (j, domain_id) in id_statistics
                       else float("nan") for j in counted]
         if scores:
             result["id"][domain_names[domain_id]] = sum(scores) / len(scores)
     for domain_id, data in target.items():
-        scores = [score(m, data) for m, _ in models]
+        scores = [score(m, data, domain_id) for m, _ in models]
         result["ood"][domain_names[domain_id]] = sum(scores) / len(scores)
     for kind in ("id", "ood"):
         values = list(result[kind].values())

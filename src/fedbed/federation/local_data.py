@@ -66,43 +66,59 @@ class Batch:
 
 
 @dataclass(frozen=True)
-class ClientData:
-    """Samples held in memory, decoded once.
+class UnlabeledImages:
+    """Images without labels: what the server holds of the target domain under the
+    ``domain_adaptation`` protocol. The type has no labels attribute at all, so no code given
+    one can read a label.
 
     Attributes:
-        images: ``uint8 [n, C, H, W]`` pixels, scaled per batch with ``scaling``; a tensor of
-            any other dtype is taken as model input already (features, synthetic test data) and
-            used as is.
-        targets: ``int64 [n]`` class labels (or ``float32 [n]`` regression targets).
-        domains: ``int64 [n]`` domain id of each sample.
-        scaling: one of :data:`INPUT_SCALINGS`.
+        images: ``uint8 [n, C, H, W]`` pixels, scaled on use with ``scaling``; a tensor of any
+            other dtype is taken as model input already (features, synthetic test data).
+        scaling: one of :data:`INPUT_SCALINGS` (keyword only).
     """
 
     images: torch.Tensor
-    targets: torch.Tensor
-    domains: torch.Tensor
-    scaling: str = field(default="imagenet")
-
-    @classmethod
-    def from_dataset(cls, dataset: DomainDataset, indices: torch.Tensor, scaling: str = "imagenet") -> "ClientData":
-        """Select ``indices`` of ``dataset`` (images stay ``uint8``)."""
-        return cls(dataset.images[indices], dataset.labels[indices], dataset.domains[indices], scaling)
+    scaling: str = field(default="imagenet", kw_only=True)
 
     def __len__(self) -> int:
-        return int(self.targets.shape[0])
+        return int(self.images.shape[0])
 
     def model_input(self, images: torch.Tensor) -> torch.Tensor:
         """Some of this set's images as model input (``uint8`` pixels scaled to ``float32``)."""
         return to_model_input(images, self.scaling) if images.dtype == torch.uint8 else images
 
-    def subset(self, mask: torch.Tensor | slice) -> "ClientData":
-        """The samples selected by a boolean mask, an index tensor or a slice."""
-        return ClientData(self.images[mask], self.targets[mask], self.domains[mask], self.scaling)
-
     def input_chunks(self, chunk_size: int) -> Iterator[torch.Tensor]:
         """Every sample's model input in order, ``chunk_size`` at a time (for evaluation)."""
         for start in range(0, len(self), chunk_size):
             yield self.model_input(self.images[start : start + chunk_size])
+
+
+@dataclass(frozen=True)
+class ClientData(UnlabeledImages):
+    """Labelled samples held in memory, decoded once.
+
+    Attributes:
+        images: as :class:`UnlabeledImages`.
+        targets: ``int64 [n]`` class labels (or ``float32 [n]`` regression targets).
+        domains: ``int64 [n]`` domain id of each sample.
+        scaling: as :class:`UnlabeledImages`.
+    """
+
+    targets: torch.Tensor
+    domains: torch.Tensor
+
+    @classmethod
+    def from_dataset(cls, dataset: DomainDataset, indices: torch.Tensor, scaling: str = "imagenet") -> "ClientData":
+        """Select ``indices`` of ``dataset`` (images stay ``uint8``)."""
+        return cls(dataset.images[indices], dataset.labels[indices], dataset.domains[indices], scaling=scaling)
+
+    def subset(self, mask: torch.Tensor | slice) -> "ClientData":
+        """The samples selected by a boolean mask, an index tensor or a slice."""
+        return ClientData(self.images[mask], self.targets[mask], self.domains[mask], scaling=self.scaling)
+
+    def without_labels(self) -> UnlabeledImages:
+        """The same images as :class:`UnlabeledImages` (no labels travel with them)."""
+        return UnlabeledImages(self.images, scaling=self.scaling)
 
     def batches(self, batch_size: int, generator: torch.Generator, augmentation: Augmentation | None = None,
                 augmentation_seed: int = 0, first_number: int = 0, augment_inputs: bool = False) -> Iterator[Batch]:

@@ -1,4 +1,8 @@
-"""The engine / algorithm boundary: what every federated method provides (see DESIGN.md)."""
+"""The engine / algorithm boundary: what every federated method provides.
+
+The contract the engine enforces (docs/architecture.md, "The contract between the engine and a
+method") is written into :class:`ServerStrategy` and :class:`ClientTrainer` below.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,29 @@ from typing import Any
 
 from torch import nn
 
-from fedbed.federation.local_data import ClientData
+from fedbed.federation.local_data import ClientData, UnlabeledImages
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
 
 
 class ServerStrategy(ABC):
     """The server side of a method: decides what each client receives and combines the replies.
+
+    The engine's contract:
+
+    - :meth:`configure_round` returns one :class:`Payload` per selected client. Its ``arrays`` are
+      the model the client starts from: a reply lacking one of them, or returning one of another
+      shape or dtype, or with non-finite values, or with no training example, is dropped from the
+      round with the reason logged (:func:`fedbed.federation.engine.check_reply`), and the
+      alignment telemetry measures ``reply − payload`` over them. Anything else the client
+      should read goes into ``read_only_arrays`` (never checked, averaged or measured; its bytes
+      are counted) or, for scalars, ``config``. The engine adds ``round`` and ``batch_seed`` to
+      ``config``.
+    - :meth:`aggregate` receives only the replies that passed the checks.
+    - Everything the strategy needs to continue goes into :meth:`state_dict`, saved after every
+      round; a run resumed from it must equal an uninterrupted run bit for bit. The strategy draws
+      its random numbers from torch's global generator, which the engine seeds before
+      :meth:`initialize`, or from generators seeded from the run's seed and the round.
+    - The strategy never sees a client's samples or its persistent state.
 
     Attributes:
         requires_every_client: ``True`` for a method whose round is meaningless without a reply
@@ -47,6 +68,12 @@ class ServerStrategy(ABC):
         """
         return [(self.global_model(), None)]
 
+    def receive_adaptation_target(self, images: UnlabeledImages) -> None:
+        """Under the ``domain_adaptation`` protocol, the engine hands the strategy the target
+        domain's unlabelled adaptation share once, after :meth:`initialize` (a type without
+        labels: the strategy cannot read one). Ignored by default: a domain-generalisation
+        method trains without it."""
+
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume bit-exactly."""
@@ -57,7 +84,22 @@ class ServerStrategy(ABC):
 
 
 class ClientTrainer(ABC):
-    """The client side of a method: trains on one client's data, sees nothing else."""
+    """The client side of a method: trains on one client's data, sees nothing else.
+
+    The engine's contract:
+
+    - :meth:`fit` returns a :class:`Reply` holding an array for every name in the payload's
+      ``arrays`` (same shape and dtype), ``num_examples > 0`` and scalar metrics; never samples and
+      never client state. It does not send back ``read_only_arrays``.
+    - Whatever a client must remember between rounds (priors, a discriminator, a momentum
+      encoder, an optimiser state) lives in the ``state`` dict, never on ``self``: in-process one
+      trainer instance serves every client in turn, on Flower each node has its own instance and
+      process. The engine checkpoints the states with the run (in-process) or keeps them in the
+      Flower node's ``context.state``.
+    - Randomness comes from the payload's ``batch_seed`` (torch's global generator is seeded with
+      it before :meth:`fit`; the batch order and augmentations derive their own generators from
+      it), so a client computes the same reply on every backend and after a resumption.
+    """
 
     @abstractmethod
     def fit(self, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:

@@ -22,6 +22,11 @@ from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.strategy import ClientTrainer
 
 
+class TransportError(RuntimeError):
+    """Raised when a transport cannot carry a run on (on Flower: nodes missing or lost, a Flower
+    process failed); the message says what failed and where its log is."""
+
+
 def fit_client(trainer: ClientTrainer, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
     """One client's local training for one round, seeded from ``payload.config["batch_seed"]``.
 

@@ -2,6 +2,7 @@
 
 ``records`` maps :class:`~fedbed.federation.messages.Payload` / ``Reply`` to Flower's records;
 ``apps`` holds the ServerApp and ClientApp that drive any ServerStrategy / ClientTrainer;
-``launch`` runs a job on Flower's simulation engine (``flower-sim``) or on a SuperLink with one
-SuperNode per client on this machine (``flower-deployment``).
+``simulation`` runs a job on Flower's simulation engine (``flower-sim``), ``deployment`` on a
+SuperLink with one SuperNode per client on this machine (``flower-deployment``); ``common`` holds
+what they share. :mod:`fedbed.backends` chooses between them and the in-process run.
 """

@@ -32,10 +32,12 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from fedbed.experiment import BuiltRun, ExperimentConfig, build_run, execute_run
+from fedbed.build import BuiltRun, build_run
+from fedbed.config import ExperimentConfig
+from fedbed.experiment import execute_run
 from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.transport import ClientTransport, fit_client
-from fedbed.flower.launch import FlowerError
+from fedbed.flower.common import FlowerError
 from fedbed.flower.records import payload_from_records, payload_to_records, reply_from_records, reply_to_records
 
 CONFIG_KEY = "fedbed-config"
@@ -58,7 +60,7 @@ def cached_run(config_json: str) -> BuiltRun:
     subprocess isolation), which builds it again.
 
     Raises:
-        ConfigError: as :func:`fedbed.experiment.build_run`.
+        ConfigError: as :func:`fedbed.build.build_run`.
     """
     return build_run(ExperimentConfig.model_validate_json(config_json))
 

@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from fedbed.experiment import SUMMARY_NAME, ExperimentConfig, validate
+from fedbed.config import ExperimentConfig, validate
 from fedbed.flower.apps import BACKEND_KEY, CONFIG_KEY, ROUND_TIMEOUT_KEY, cached_run
-from fedbed.flower.launch import OFFLINE_ENVIRONMENT, FlowerError, with_absolute_paths
+from fedbed.flower.common import OFFLINE_ENVIRONMENT, FlowerError, with_absolute_paths
+from fedbed.run_directory import SUMMARY_NAME
 
 CONNECTION = "fedbed"
 

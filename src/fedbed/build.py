@@ -1,0 +1,220 @@
+"""A run built from its settings: data, split, partitions, initial model and the method's halves.
+
+Built the same way on every machine (the seed fixes the split, the partitions and the initial
+model), so the server and each Flower site can each build their own part of one run.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fedbed.algorithms import AlgorithmContext, TrainingBudget
+from fedbed.config import ConfigError, ExperimentConfig, validate
+from fedbed.data import (
+    DataError,
+    add_few_shot_target_samples,
+    load_dataset,
+    partition_domains_per_client,
+    partition_lambda_mix,
+    partition_one_client_per_domain,
+    partition_pooled,
+    split_leave_one_domain_out,
+    split_target_for_adaptation,
+)
+from fedbed.data.augmentation import Augmentation
+from fedbed.federation.client_evaluation import ClientEvaluator, holdout_shares
+from fedbed.federation.engine import Federation, client_infos
+from fedbed.federation.linear_probe import LinearProbe
+from fedbed.federation.local_data import ClientData
+from fedbed.federation.transport import ClientTransport
+from fedbed.models import ModelError, build_model
+from fedbed.seeding import derive_seed
+
+
+def _partitions(config: ExperimentConfig, split, pooled: bool):
+    if pooled:
+        return partition_pooled(split)
+    num_clients = config.num_clients or len(split.source_domains)
+    if config.partition == "domains_per_client":
+        return partition_domains_per_client(split, num_clients, config.domains_per_client, config.seed)
+    if config.partition == "lambda_mix":
+        return partition_lambda_mix(split, num_clients, config.mix_lambda, config.seed)
+    return partition_one_client_per_domain(split)
+
+
+@dataclass
+class BuiltRun:
+    """One run's pieces, built from its :class:`ExperimentConfig` the same way on every machine
+    (the seed fixes the split, the partitions and the initial model), so the server and each
+    Flower site can build their own part.
+
+    Attributes:
+        config: the validated settings.
+        algorithm: the registered method.
+        hparams: its resolved hyperparameters.
+        dataset: the loaded dataset.
+        split: the leave-one-domain-out split (target vs sources, id holdouts).
+        partitions: one per client: ``indices`` [n_k] into ``dataset`` and ``domains``.
+        ood_indices: ``int64 [m]`` target samples for ood evaluation (few-shot samples and the
+            domain-adaptation share removed).
+        adaptation_indices: ``int64 [a]`` the target's unlabelled adaptation share under
+            ``protocol: domain_adaptation`` (empty otherwise).
+        evaluation_protocol: ``argmax`` or ``linear_probe`` (the config's, else the method's).
+        model_name: the model actually built.
+        context: what the method's halves are created with.
+        initial_model: the freshly initialised model (seeded), handed to the strategy.
+    """
+
+    config: ExperimentConfig
+    algorithm: Any
+    hparams: Any
+    dataset: Any
+    split: Any
+    partitions: list[Any]
+    ood_indices: torch.Tensor
+    model_name: str
+    context: AlgorithmContext
+    initial_model: torch.nn.Module
+    adaptation_indices: torch.Tensor
+    evaluation_protocol: str
+
+    @property
+    def probe(self) -> LinearProbe | None:
+        """The linear probe's settings under the ``linear_probe`` protocol, else ``None``."""
+        if self.evaluation_protocol != "linear_probe":
+            return None
+        return self.config.linear_probe or LinearProbe()
+
+    def evaluation_statement(self) -> dict[str, Any]:
+        """What the evaluation read, for the summary and every report: the protocol, whether
+        target labels train anything (the linear probe's labelled share of the target), and under
+        domain adaptation how the target was shared."""
+        probe = self.probe
+        statement: dict[str, Any] = {
+            "protocol": self.evaluation_protocol,
+            "data_access": self.config.protocol or "domain_generalization",
+            "target_labels_read_by_evaluation": probe is not None,
+        }
+        if probe is not None:
+            statement["linear_probe"] = probe.model_dump()
+            statement["note"] = (f"linear probe: a linear classifier on the frozen featurizer is trained on a seeded "
+                                 f"{probe.labelled_fraction:.0%} of each evaluated domain's samples with their labels "
+                                 f"(on the target, target labels) and tested on the rest")
+        if self.config.protocol == "domain_adaptation":
+            statement["adaptation_samples"] = int(len(self.adaptation_indices))
+            statement["target_test_samples"] = int(len(self.ood_indices))
+            statement["adaptation_note"] = ("the server holds the adaptation share's images without labels; "
+                                            "ood accuracy is measured on the disjoint test share")
+        return statement
+    @property
+    def input_scaling(self) -> str:
+        """The run's input scaling (``imagenet`` unless the config says otherwise)."""
+        return self.config.input_scaling or "imagenet"
+
+    def data(self, indices: torch.Tensor) -> ClientData:
+        """The dataset's samples at ``indices``, scaled as the run says."""
+        return ClientData.from_dataset(self.dataset, indices, self.input_scaling)
+
+    def client_data(self, client: int) -> ClientData:
+        """Training data of one client (only its partition)."""
+        return self.data(self.partitions[client].indices)
+
+    @functools.cached_property
+    def _holdout_shares(self) -> list[torch.Tensor]:
+        return holdout_shares(self.split.holdout, [p.domains for p in self.partitions])
+
+    def client_holdout(self, client: int) -> ClientData:
+        """One client's share of its source domains' id-validation holdouts
+        (:func:`fedbed.federation.client_evaluation.holdout_shares`, computed once per run)."""
+        return self.data(self._holdout_shares[client])
+
+    def evaluator(self) -> ClientEvaluator:
+        """The client half of id evaluation on clients."""
+        return ClientEvaluator(self.context.model_factory, self.dataset.task)
+
+    def trainer(self):
+        """A new instance of the method's client half."""
+        return self.algorithm.create_trainer(self.hparams, self.context)
+
+    def federation(self, clients: ClientTransport) -> Federation:
+        """The server side: the strategy (initialised with the initial model and the clients'
+        sizes and domains), the evaluation sets, and ``clients`` as the way to reach them.
+
+        Raises:
+            ConfigError: the strategy refuses the model or the clients (e.g. BatchNorm for a
+                hypernetwork).
+        """
+        dataset, split = self.dataset, self.split
+        federation = Federation(
+            strategy=self.algorithm.create_strategy(self.hparams, self.context),
+            clients=clients,
+            holdout={d: self.data(idx) for d, idx in split.holdout.items()},
+            target={
+                d: self.data(self.ood_indices[dataset.domains[self.ood_indices] == d])
+                for d in split.target_domains
+            },
+            domain_names=dataset.domain_names,
+            task=dataset.task,
+            id_evaluation=self.config.id_evaluation,
+            client_domains=tuple(p.domains for p in self.partitions),
+            probe=self.probe,
+            num_classes=dataset.num_classes,
+            seed=self.config.seed,
+            adaptation_target=self.data(self.adaptation_indices).without_labels() if len(self.adaptation_indices) else None,
+        )
+        # The strategy may draw its own initial state (hFedF's hypernetwork): seeded here, so it
+        # does not depend on what was built before it in this process (a Flower server builds no
+        # client trainer, an in-process run does).
+        torch.manual_seed(derive_seed(self.config.seed, 1))
+        try:
+            federation.strategy.initialize(copy.deepcopy(self.initial_model), client_infos(self.partitions))
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        if federation.adaptation_target is not None:
+            federation.strategy.receive_adaptation_target(federation.adaptation_target)
+        return federation
+
+
+def build_run(config: ExperimentConfig) -> BuiltRun:
+    """Validate ``config``, load the data, split, partition and build the initial model.
+
+    Raises:
+        ConfigError: invalid settings, data that cannot be found or read, a model that does not fit.
+    """
+    resolved = validate(config)
+    algorithm, spec, hparams = resolved.algorithm, resolved.dataset, resolved.hparams
+    try:
+        dataset = load_dataset(spec.name, resolved.data_root, config.image_size)
+        split = split_leave_one_domain_out(dataset, (config.target,), config.holdout_fraction, config.seed)
+        partitions = _partitions(config, split, algorithm.pooled)
+        ood_indices = split.target
+        adaptation_indices = torch.zeros(0, dtype=torch.long)
+        if config.protocol == "domain_adaptation":
+            adaptation_indices, ood_indices = split_target_for_adaptation(split.target, config.adaptation_fraction or 0.5, config.seed)
+        if config.few_shot_per_client:
+            partitions, ood_indices = add_few_shot_target_samples(split, partitions, config.few_shot_per_client, config.seed)
+        model_name = config.model or spec.default_model
+
+        def model_factory():
+            base = build_model(model_name, dataset.input_shape, dataset.num_classes, config.pretrained_weights)
+            return algorithm.wrap_model(base, hparams)
+
+        torch.manual_seed(derive_seed(config.seed, 0))
+        initial_model = model_factory()
+    except (DataError, ModelError) as error:
+        raise ConfigError(str(error)) from None
+    budget = TrainingBudget(config.batch_size, config.local_epochs, config.local_steps)
+    augmentation = Augmentation(config.augmentation) if config.augmentation else None
+    context = AlgorithmContext(model_factory=model_factory, budget=budget, seed=config.seed, task=dataset.task,
+                               augmentation=augmentation)
+    if resolved.evaluation_protocol == "linear_probe" and dataset.task != "classification":
+        raise ConfigError(f"the linear_probe evaluation needs class labels; {dataset.name} is a regression task")
+    return BuiltRun(config, algorithm, hparams, dataset, split, partitions, ood_indices, model_name, context, initial_model,
+                    adaptation_indices, resolved.evaluation_protocol)
+
+

@@ -1,0 +1,230 @@
+"""The settings of one run: their schema, defaults, reading from YAML and validation.
+
+Every setting of ``fedbed run`` is a field of :class:`ExperimentConfig`; :func:`validate` checks
+every name in it (dataset, target, algorithm, hyperparameters, model, data root) before anything
+is loaded or written, and returns what it resolved so that building the run does not look the
+names up again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fedbed.algorithms import Algorithm, AlgorithmError, Hyperparameters, get_algorithm, resolve_hyperparameters
+from fedbed.data import DataError, dataset_spec, resolve_data_root
+from fedbed.data.augmentation import AUGMENTATIONS
+from fedbed.data.catalog import DatasetSpec
+from fedbed.federation.client_evaluation import ID_EVALUATION_SITES
+from fedbed.federation.evaluation import EVALUATION_PROTOCOLS
+from fedbed.federation.linear_probe import LinearProbe
+from fedbed.federation.local_data import INPUT_SCALINGS
+from fedbed.models import MODELS
+
+
+PROTOCOLS = ("domain_generalization", "domain_adaptation")
+"""What the target domain gives the run: nothing but its test samples, or also unlabelled images."""
+
+
+class ConfigError(ValueError):
+    """Raised for any invalid experiment setting; the message is one line saying what to change."""
+
+
+class ExperimentConfig(BaseModel):
+    """Every setting of one run (leave-one-domain-out, one target domain).
+
+    Attributes:
+        dataset: a name from ``fedbed datasets``.
+        target: the held-out target domain's name.
+        algorithm: a registered algorithm name.
+        rounds: communication rounds R (>= 1).
+        local_epochs: local epochs per round (exclusive with ``local_steps``).
+        local_steps: local batches per round instead of epochs.
+        batch_size: samples per local batch (hFedF Sec. 5.1 and DomainBed: 64).
+        seed: drives splits, partitions, sampling, initialisation and batch order.
+        data_root: dataset folder (else ``$FEDBED_DATA``, else the embedded MNIST sample).
+        image_size: side in pixels for image datasets (default per dataset).
+        model: model name (default per dataset).
+        pretrained_weights: local ImageNet state dict for ResNets.
+        holdout_fraction: id-validation share of every source domain (DomainBed 0.2; hFedF 0.1).
+        partition: ``domain`` (one client per source domain), ``domains_per_client`` (hFedF
+            Algorithm 5) or ``lambda_mix`` (FedDG_Benchmark).
+        num_clients: clients for ``domains_per_client`` / ``lambda_mix`` (default: number of sources).
+        domains_per_client: d of hFedF's Algorithm 5.
+        mix_lambda: λ of the λ-mix.
+        participation_fraction: share of clients sampled each round.
+        eval_every: evaluate every this many rounds (and after the last).
+        few_shot_per_client: k target samples added to each client's training data (hFedF's
+            few-shot protocol, Fig. 3); they are removed from the ood evaluation set. 0 (the
+            default) keeps the target domain out of training entirely.
+        id_evaluation: where the id-validation holdouts are scored: ``server`` (default) or
+            ``clients`` (each client scores its share of its domains' holdouts and sends back sums,
+            Flower's federated evaluation; the scores are equal, see
+            :mod:`fedbed.federation.client_evaluation`). The ood score is always the server's.
+        augmentation: a named augmentation applied to every training batch
+            (:mod:`fedbed.data.augmentation`: ``flip_crop``, ``randaugment``, ``simclr``), seeded
+            per round, client and batch; unset: none (a method may ask for its own views).
+        input_scaling: how pixels become model input
+            (:func:`fedbed.federation.local_data.to_model_input`): ``imagenet`` (DomainBed's, the
+            default: RGB normalised with the ImageNet mean and std, grey scaled to [0, 1]),
+            ``unit`` ([0, 1]) or ``symmetric`` ([−1, 1]).
+        evaluation_protocol: ``argmax`` (the model's own predictions) or ``linear_probe`` (a
+            linear classifier on the frozen featurizer, trained on a seeded labelled share of each
+            evaluated domain: on the target it reads target labels, and the summary says so);
+            unset: the method's choice (:attr:`fedbed.algorithms.Algorithm.evaluation_protocol`).
+        linear_probe: the probe's settings (:class:`fedbed.federation.linear_probe.LinearProbe`;
+            unset: FedGaLA's, 10% labelled, 100 epochs, Adam 3e-3).
+        protocol: ``domain_generalization`` (unset: the target stays out of training) or
+            ``domain_adaptation``: the target is split with the run's seed into an unlabelled
+            adaptation share that the server holds (without labels) and a disjoint test share on
+            which ood accuracy is measured.
+        adaptation_fraction: the adaptation share of the target under ``domain_adaptation``
+            (unset: 0.5).
+        hp: algorithm hyperparameters by name (validated by the algorithm).
+        run_dir: output folder (default ``runs/<dataset>/<algorithm>/<target>/seed<seed>``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: str = "RotatedMNIST"
+    target: str = "0"
+    algorithm: str = "fedavg"
+    rounds: int = Field(15, gt=0)
+    local_epochs: int | None = Field(1, gt=0)
+    local_steps: int | None = Field(None, gt=0)
+    batch_size: int = Field(64, gt=0)
+    seed: int = Field(0, ge=0)
+    data_root: Path | None = None
+    image_size: int | None = Field(None, gt=0)
+    model: str | None = None
+    pretrained_weights: Path | None = None
+    holdout_fraction: float = Field(0.2, gt=0, lt=1)
+    partition: Literal["domain", "domains_per_client", "lambda_mix"] = "domain"
+    num_clients: int | None = Field(None, gt=0)
+    domains_per_client: int = Field(1, gt=0)
+    mix_lambda: float = Field(0.0, ge=0, le=1)
+    participation_fraction: float = Field(1.0, gt=0, le=1)
+    eval_every: int = Field(1, gt=0)
+    few_shot_per_client: int = Field(0, ge=0)
+    id_evaluation: Literal[ID_EVALUATION_SITES] = "server"
+    augmentation: Literal[tuple(AUGMENTATIONS)] | None = None
+    input_scaling: Literal[INPUT_SCALINGS] | None = None
+    evaluation_protocol: Literal[EVALUATION_PROTOCOLS] | None = None
+    linear_probe: LinearProbe | None = None
+    protocol: Literal[PROTOCOLS] | None = None
+    adaptation_fraction: float | None = Field(None, gt=0, lt=1)
+    hp: dict[str, Any] = Field(default_factory=dict)
+    run_dir: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> "ExperimentConfig":
+        if self.local_steps is not None:
+            self.local_epochs = None
+        if self.local_epochs is None and self.local_steps is None:
+            raise ValueError("give local_epochs or local_steps")
+        if self.adaptation_fraction is not None and self.protocol != "domain_adaptation":
+            raise ValueError("adaptation_fraction applies to protocol: domain_adaptation only")
+        if self.protocol == "domain_adaptation" and self.few_shot_per_client:
+            raise ValueError("few_shot_per_client (labelled target samples) and protocol: domain_adaptation exclude each other")
+        return self
+
+    def resolved_run_dir(self) -> Path:
+        if self.run_dir is not None:
+            return self.run_dir
+        return Path("runs") / self.dataset / self.algorithm / self.target / f"seed{self.seed}"
+
+
+def config_from_mapping(values: dict[str, Any]) -> ExperimentConfig:
+    """Validate a mapping (YAML file, CLI flags) into an :class:`ExperimentConfig`.
+
+    Raises:
+        ConfigError: one line naming the first bad or unknown key.
+    """
+    try:
+        return ExperimentConfig(**values)
+    except ValidationError as error:
+        first = error.errors()[0]
+        key = ".".join(str(part) for part in first["loc"]) or "config"
+        if first["type"] == "extra_forbidden":
+            raise ConfigError(f"unknown setting {key!r}; known settings: {', '.join(ExperimentConfig.model_fields)}") from None
+        raise ConfigError(f"{key}: {first['msg']} (got {first.get('input')!r})") from None
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Read a YAML config file into a mapping.
+
+    Raises:
+        ConfigError: missing file, invalid YAML, or a top level that is not a mapping.
+    """
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {path} is not valid YAML: {str(error).splitlines()[0]}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of settings, got {type(values).__name__}")
+    return values
+
+
+@dataclass(frozen=True)
+class ResolvedNames:
+    """What :func:`validate` looked up: the dataset's spec, the method, its hyperparameters (its
+    defaults, its paper's values for the dataset, then the config's), the data root and the
+    evaluation protocol (the config's, else the method's)."""
+
+    dataset: DatasetSpec
+    algorithm: Algorithm
+    hparams: Hyperparameters
+    data_root: Path | None
+    evaluation_protocol: str = "argmax"
+
+
+def validate(config: ExperimentConfig) -> ResolvedNames:
+    """Check every name in ``config`` before anything is loaded or written.
+
+    Returns:
+        The resolved names, for building the run without looking them up again.
+
+    Raises:
+        ConfigError: unknown dataset, target domain, algorithm, hyperparameter or model, or a
+            data root that does not exist.
+    """
+    try:
+        spec = dataset_spec(config.dataset)
+        if config.target not in spec.domain_names:
+            raise ConfigError(
+                f"{spec.name} has no domain {config.target!r}; its domains are {', '.join(spec.domain_names)}"
+            )
+        algorithm = get_algorithm(config.algorithm)
+        hparams = resolve_hyperparameters(algorithm, config.hp, spec.name)
+        data_root = resolve_data_root(config.data_root)
+    except (DataError, AlgorithmError) as error:
+        raise ConfigError(str(error)) from None
+    if config.model is not None and config.model not in MODELS:
+        raise ConfigError(f"unknown model {config.model!r}; choose one of {', '.join(MODELS)}")
+    evaluation_protocol = config.evaluation_protocol or algorithm.evaluation_protocol
+    if evaluation_protocol == "linear_probe" and config.id_evaluation == "clients":
+        raise ConfigError("the linear_probe evaluation trains its probes on the server; use id_evaluation: server")
+    if config.linear_probe is not None and evaluation_protocol != "linear_probe":
+        raise ConfigError("linear_probe settings apply to evaluation_protocol: linear_probe only")
+    return ResolvedNames(spec, algorithm, hparams, data_root, evaluation_protocol)
+
+
+PLACEMENT_SETTINGS = frozenset({"data_root", "run_dir", "id_evaluation"})
+"""Settings that say where a run reads its data, writes its files and scores its id holdouts,
+not what it computes (site-side and server-side id scores are the same sums,
+:mod:`fedbed.federation.client_evaluation`; in another process with another thread count a
+sample on a decision boundary may flip): left out of a sweep job's hash
+(:func:`fedbed.sweep.config_hash`), and free to change when a run is resumed, so a run folder
+or its data may move between machines."""
+
+RESUMABLE_CHANGES = PLACEMENT_SETTINGS | {"rounds"}
+"""Settings that may differ between a run and its resumption: :data:`PLACEMENT_SETTINGS`, and
+the number of rounds (a finished run may be continued to a longer budget)."""
+
+

@@ -1,0 +1,49 @@
+"""Run one FedBed job on Flower's simulation engine (``flower-sim``, Ray): one virtual SuperNode
+per client, the same ServerApp and ClientApp as a real deployment (:mod:`fedbed.flower.apps`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from fedbed.config import ExperimentConfig, validate
+from fedbed.flower.common import OFFLINE_ENVIRONMENT, FlowerError, with_absolute_paths
+
+
+def run_flower_simulation(config: ExperimentConfig, *, progress: bool = False, echo: Callable[..., Any] = print,
+                          cpus: int | None = None) -> dict[str, Any]:
+    """Run ``config`` on Flower's simulation engine (Ray): one virtual SuperNode per client,
+    one CPU per client actor; return the summary (as :func:`fedbed.experiment.run_experiment`).
+
+    Args:
+        config: the run.
+        progress: show the engine's progress bar.
+        echo: where one-line messages go.
+        cpus: CPUs Ray may use (default: all cores); client actors = ``cpus`` (one CPU each).
+
+    Raises:
+        ConfigError: invalid settings.
+        fedbed.flower.common.FlowerError: the simulation ended without a result (the cause is chained).
+    """
+    validate(config)
+    os.environ.update(OFFLINE_ENVIRONMENT)
+    from flwr.simulation import run_simulation
+
+    from fedbed.flower.apps import cached_run, make_apps
+
+    config = with_absolute_paths(config)
+    num_clients = len(cached_run(config.model_dump_json()).partitions)
+    outcome: dict[str, Any] = {}
+    server, client = make_apps(config, "flower-sim", outcome, progress=progress, echo=echo)
+    cpus = cpus or os.cpu_count() or 1
+    backend_config = {
+        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+        "init_args": {"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False, "log_to_driver": False},
+    }
+    try:
+        run_simulation(server_app=server, client_app=client, num_supernodes=num_clients, backend_config=backend_config)
+    except Exception as error:  # Flower re-raises the ServerApp's exception; keep its message
+        raise FlowerError(f"the Flower simulation failed: {error}") from error
+    if "summary" not in outcome:
+        raise FlowerError("the Flower simulation ended without a result; see Flower's log above")
+    return outcome["summary"]

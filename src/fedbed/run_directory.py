@@ -1,0 +1,28 @@
+"""The layout of a run folder: every file name a run, a sweep or the results store writes, in one place.
+
+A run folder (``runs/<dataset>/<algorithm>/<target>/seed<seed>`` or a sweep's ``<hash>``) holds:
+
+- :data:`CONFIG_NAME`: the resolved settings (YAML);
+- :data:`LOG_NAME`: one JSON line per round (clients, drops, losses, telemetry, evaluation);
+- :data:`CHECKPOINT_NAME`: the latest round's strategy and client states (never committed);
+- :data:`PROVENANCE_NAME`: one JSON line per start and resumption (the code that ran);
+- :data:`SUMMARY_NAME`: model selection under every rule;
+- :data:`DONE_MARKER`: an empty file marking a finished sweep job.
+
+A sweep folder also holds :data:`SWEEP_RECORD` (the sweep file as run) and :data:`STORE_NAME`
+(the results index, rebuilt when read, never committed).
+"""
+
+from __future__ import annotations
+
+CONFIG_NAME = "config.yaml"
+LOG_NAME = "rounds.jsonl"
+CHECKPOINT_NAME = "checkpoint.pt"
+PROVENANCE_NAME = "provenance.jsonl"
+SUMMARY_NAME = "summary.json"
+DONE_MARKER = "done"
+SWEEP_RECORD = "sweep.yaml"
+STORE_NAME = "results.sqlite"
+
+COMMITTED_FILES = (CONFIG_NAME, LOG_NAME, PROVENANCE_NAME, SUMMARY_NAME, DONE_MARKER)
+"""The small files of a finished run that a results folder in the repository keeps."""

@@ -1,0 +1,144 @@
+"""Evaluation protocols: the linear probe (seeded shares, never trained on its test share, stated
+in the summary) and the domain-adaptation data access (the server holds target images without
+labels; their labels are never read)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from fedbed.algorithms import ALGORITHMS
+from fedbed.algorithms.fedavg import FedAvg, FedAvgStrategy
+from fedbed.config import ConfigError, config_from_mapping
+from fedbed.data.splits import split_target_for_adaptation
+from fedbed.experiment import ExperimentConfig, run_experiment
+from fedbed.federation.linear_probe import LinearProbe
+from fedbed.federation.local_data import ClientData, UnlabeledImages
+from fedbed.models import DomainClassifier
+
+
+def quiet(config, **options):
+    return run_experiment(config, progress=False, echo=lambda *_: None, **options)
+
+
+def separable(count=40, seed=0) -> ClientData:
+    """Two classes told apart by the sign of the first feature."""
+    generator = torch.Generator().manual_seed(seed)
+    labels = torch.arange(count) % 2
+    features = torch.randn(count, 4, generator=generator)
+    features[:, 0] = (labels.float() * 2 - 1) * (1 + features[:, 0].abs())
+    return ClientData(features.view(count, 4, 1, 1), labels, torch.zeros(count, dtype=torch.long))
+
+
+def identity_model() -> DomainClassifier:
+    return DomainClassifier(nn.Flatten(), nn.Linear(4, 2), 4)
+
+
+def test_the_probe_splits_by_seed_and_never_trains_on_its_test_share():
+    probe = LinearProbe(labelled_fraction=0.25, epochs=50, learning_rate=0.05)
+    labelled, test = probe.split(40, seed=3, domain=1, repeat=0)
+    assert len(labelled) == 10 and len(test) == 30 and set(labelled.tolist()).isdisjoint(test.tolist())
+    assert torch.equal(probe.split(40, seed=3, domain=1, repeat=0)[0], labelled)
+    assert not torch.equal(probe.split(40, seed=3, domain=2, repeat=0)[0], labelled)
+    data = separable()
+    assert probe.accuracy(identity_model(), data, 2, seed=3, domain=1) == 100.0
+    # Flip the labels of the test share: a probe that never saw them now scores 0; one trained on
+    # them would not.
+    flipped = data.targets.clone()
+    flipped[test] = 1 - flipped[test]
+    corrupted = ClientData(data.images, flipped, data.domains)
+    assert probe.accuracy(identity_model(), corrupted, 2, seed=3, domain=1) == 0.0
+    with pytest.raises(ValueError, match="at least two samples"):
+        probe.split(1, seed=0, domain=0, repeat=0)
+
+
+def test_a_linear_probe_run_says_it_reads_target_labels(tmp_path):
+    config = ExperimentConfig(model="lenet", rounds=1, local_steps=2, batch_size=16, run_dir=tmp_path,
+                              evaluation_protocol="linear_probe", linear_probe={"epochs": 5})
+    summary = quiet(config)
+    statement = summary["evaluation"]
+    assert statement["protocol"] == "linear_probe" and statement["target_labels_read_by_evaluation"] is True
+    assert "target labels" in statement["note"] and statement["linear_probe"]["labelled_fraction"] == 0.1
+    assert json.loads((tmp_path / "rounds.jsonl").read_text())["evaluation"]["metric"] == "linear_probe_accuracy"
+    assert 0.0 <= summary["selection"]["last"]["ood_mean"] <= 100.0
+    argmax = quiet(ExperimentConfig(model="lenet", rounds=1, local_steps=2, batch_size=16, run_dir=tmp_path / "argmax"))
+    assert argmax["evaluation"]["target_labels_read_by_evaluation"] is False
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"evaluation_protocol": "linear_probe", "id_evaluation": "clients"}, "trains its probes on the server"),
+    ({"linear_probe": {"epochs": 3}}, "apply to evaluation_protocol: linear_probe only"),
+])
+def test_probe_settings_that_cannot_work_are_refused(tmp_path, changes, message):
+    with pytest.raises(ConfigError, match=message):
+        quiet(ExperimentConfig(model="lenet", rounds=1, local_steps=1, run_dir=tmp_path, **changes))
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_adaptation_split_is_seeded_and_disjoint():
+    target = torch.arange(100, 200)
+    adaptation, test = split_target_for_adaptation(target, 0.3, seed=1)
+    assert len(adaptation) == 30 and len(test) == 70
+    assert sorted(adaptation.tolist() + test.tolist()) == target.tolist()
+    assert torch.equal(split_target_for_adaptation(target, 0.3, seed=1)[0], adaptation)
+
+
+class HoldsTheTarget(FedAvgStrategy):
+    received: list = []
+
+    def receive_adaptation_target(self, images):
+        HoldsTheTarget.received.append(images)
+
+
+class Adapting(FedAvg):
+    name = "adapting"
+
+    def create_strategy(self, hparams, context):
+        return HoldsTheTarget(context.seed)
+
+
+def test_domain_adaptation_gives_the_server_unlabelled_images_and_tests_on_the_rest(tmp_path, monkeypatch):
+    monkeypatch.setitem(ALGORITHMS, "adapting", Adapting)
+    HoldsTheTarget.received = []
+    settings = dict(algorithm="adapting", model="lenet", rounds=1, local_steps=2, batch_size=16,
+                    protocol="domain_adaptation", adaptation_fraction=0.4)
+    summary = quiet(ExperimentConfig(run_dir=tmp_path / "a", **settings))
+    (images,) = HoldsTheTarget.received
+    assert type(images) is UnlabeledImages and not hasattr(images, "targets") and not hasattr(images, "labels")
+    statement = summary["evaluation"]
+    assert statement["data_access"] == "domain_adaptation"
+    total = statement["adaptation_samples"] + statement["target_test_samples"]
+    assert statement["adaptation_samples"] == len(images) == round(0.4 * total)
+    with pytest.raises(ConfigError, match="adaptation_fraction applies to protocol: domain_adaptation only"):
+        config_from_mapping({"model": "lenet", "run_dir": tmp_path / "b", "adaptation_fraction": 0.4})
+
+
+def test_the_adaptation_share_labels_are_never_read(tmp_path, monkeypatch):
+    """Corrupting the labels of the target's adaptation share changes nothing of the run."""
+    import fedbed.build as build
+
+    monkeypatch.setitem(ALGORITHMS, "adapting", Adapting)
+    settings = dict(algorithm="adapting", model="lenet", rounds=1, local_steps=2, batch_size=16, protocol="domain_adaptation")
+    clean = quiet(ExperimentConfig(run_dir=tmp_path / "clean", **settings))
+    original_build = build.build_run
+
+    def build_then_corrupt(config):
+        built = original_build(config)
+        labels = built.dataset.labels.clone()  # a copy: the loaded dataset is cached for later runs
+        labels[built.adaptation_indices] = (labels[built.adaptation_indices] + 1) % built.dataset.num_classes
+        assert not torch.equal(labels, built.dataset.labels)
+        built.dataset = dataclasses.replace(built.dataset, labels=labels)
+        return built
+
+    import fedbed.experiment as experiment
+
+    monkeypatch.setattr(experiment, "build_run", build_then_corrupt)
+    corrupted = quiet(ExperimentConfig(run_dir=tmp_path / "corrupted", **settings))
+    assert corrupted["selection"] == clean["selection"]
+    logs = [[json.loads(line)["metrics"] for line in (tmp_path / r / "rounds.jsonl").read_text().splitlines()]
+            for r in ("clean", "corrupted")]
+    assert logs[0] == logs[1]
