@@ -62,7 +62,7 @@ def run(
     """Train one method across clients and evaluate it on the unseen target domain.
 
     With no arguments: FedAvg on RotatedMNIST (embedded MNIST sample unless a data root is
-    set), target domain 0 degrees, 15 rounds of 1 local epoch.
+    set), target domain 0 degrees, LeNet, 15 rounds of 2 local epochs (under 90 s on 2 cores).
     """
     from fedbed.data import dataset_spec
     from fedbed.data.base import DataError

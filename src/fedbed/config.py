@@ -42,7 +42,8 @@ class ExperimentConfig(BaseModel):
         target: the held-out target domain's name.
         algorithm: a registered algorithm name.
         rounds: communication rounds R (>= 1).
-        local_epochs: local epochs per round (exclusive with ``local_steps``).
+        local_epochs: local epochs per round (exclusive with ``local_steps``; default 2, hFedF's
+            Sec. 5.1).
         local_steps: local batches per round instead of epochs.
         batch_size: samples per local batch (hFedF Sec. 5.1 and DomainBed: 64).
         seed: drives splits, partitions, sampling, initialisation and batch order.
@@ -94,7 +95,7 @@ class ExperimentConfig(BaseModel):
     target: str = "0"
     algorithm: str = "fedavg"
     rounds: int = Field(15, gt=0)
-    local_epochs: int | None = Field(1, gt=0)
+    local_epochs: int | None = Field(2, gt=0)
     local_steps: int | None = Field(None, gt=0)
     batch_size: int = Field(64, gt=0)
     seed: int = Field(0, ge=0)
