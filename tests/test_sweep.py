@@ -40,7 +40,7 @@ def test_run_directory_hash_is_stable():
     assert config_hash(a) != config_hash(a.model_copy(update={"seed": 4}))
     # Pinned: a change here (a new setting, a renamed one) orphans every existing sweep folder,
     # so it must be a deliberate edit of this line.
-    assert config_hash(ExperimentConfig()) == "3a62faddcadd"
+    assert config_hash(ExperimentConfig()) == "76948cfca052"
 
 
 def test_expand_orders_jobs_by_seed_then_target(tmp_path):
