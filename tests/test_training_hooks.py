@@ -1,0 +1,91 @@
+"""The client training seams: the batch loss sees payload, batch and state; the before-step hook
+may drop a parameter group's gradients; a trainer may run several phases with several optimisers."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fedbed.algorithms.local_training import SupervisedTrainer, run_batches, train_locally
+from fedbed.algorithms.registry import AlgorithmContext, TrainingBudget
+from fedbed.data.augmentation import Augmentation
+from fedbed.federation.local_data import ClientData
+from fedbed.federation.messages import Payload
+from fedbed.algorithms import get_algorithm
+from tests.conftest import make_dataset, small_model
+
+
+def client_data() -> ClientData:
+    dataset = make_dataset(per_domain=24, domains=1)
+    return ClientData.from_dataset(dataset, torch.arange(len(dataset)))
+
+
+def test_before_step_may_drop_a_parameter_groups_gradients():
+    torch.manual_seed(0)
+    model = small_model((1, 8, 8), 2)
+    head_before = {n: p.detach().clone() for n, p in model.classifier.named_parameters()}
+    body_before = {n: p.detach().clone() for n, p in model.featurizer.named_parameters()}
+    head = {id(p) for p in model.classifier.parameters()}
+    seen = []
+
+    def freeze_head(optimizer):
+        seen.append(len(optimizer.param_groups))
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                if id(parameter) in head:
+                    parameter.grad = None  # the optimiser skips a parameter without a gradient
+
+    hparams = get_algorithm("fedavg").hyperparameters(client_weight_decay=0.0)
+    train_locally(model, client_data(), hparams, TrainingBudget(batch_size=8, local_steps=3), torch.Generator().manual_seed(0),
+                  lambda batch: nn.functional.cross_entropy(model(batch.inputs), batch.targets), before_step=freeze_head)
+    assert seen == [1, 1, 1]
+    assert all(torch.equal(p, head_before[n]) for n, p in model.classifier.named_parameters())
+    assert any(not torch.equal(p, body_before[n]) for n, p in model.featurizer.named_parameters())
+
+
+def test_phases_with_their_own_optimisers_continue_the_batch_numbering():
+    torch.manual_seed(0)
+    model = small_model((1, 8, 8), 2)
+    data = client_data()
+    generator = torch.Generator().manual_seed(0)
+    optimisers = [torch.optim.SGD(model.featurizer.parameters(), lr=0.1), torch.optim.SGD(model.classifier.parameters(), lr=0.1)]
+    numbers: list[tuple[int, int]] = []
+
+    def step_of(phase):
+        def step(batch):
+            numbers.append((phase, batch.number))
+            loss = nn.functional.cross_entropy(model(batch.views[0]), batch.targets)
+            optimisers[phase].zero_grad()
+            loss.backward()
+            optimisers[phase].step()
+            return float(loss.detach())
+        return step
+
+    augmentation = Augmentation("flip_crop")
+    first_loss, first_steps = run_batches(data, TrainingBudget(batch_size=8, local_epochs=1), generator, step_of(0),
+                                          augmentation=augmentation, augmentation_seed=4)
+    _, second_steps = run_batches(data, TrainingBudget(batch_size=8, local_steps=2), generator, step_of(1),
+                                  augmentation=augmentation, augmentation_seed=4, first_number=first_steps)
+    assert (first_steps, second_steps) == (3, 2) and first_loss > 0
+    assert numbers == [(0, 0), (0, 1), (0, 2), (1, 3), (1, 4)]
+
+
+class CountsBatchesInItsState(SupervisedTrainer):
+    def batch_loss(self, model, batch, payload, state):
+        state["batches"] = state.get("batches", 0) + 1
+        state["scale_seen"] = float(payload.read_only_arrays["scale"])
+        return float(payload.config["weight"]) * super().batch_loss(model, batch, payload, state)
+
+
+def test_the_batch_loss_sees_payload_batch_and_client_state():
+    hparams = get_algorithm("fedavg").hyperparameters()
+    context = AlgorithmContext(lambda: small_model((1, 8, 8), 2), TrainingBudget(batch_size=8, local_steps=3), seed=0)
+    trainer = CountsBatchesInItsState(hparams, context)
+    state: dict = {}
+    sent = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    payload = Payload(sent, {"batch_seed": 1, "weight": 0.0}, read_only_arrays={"scale": torch.tensor(2.5)})
+    reply = trainer.fit(payload, client_data(), state)
+    assert state == {"batches": 3, "scale_seen": 2.5}
+    assert not hasattr(trainer, "_prior") and set(vars(trainer)) == {"hparams", "budget", "task", "augmentation", "model"}
+    # A zero-weighted loss leaves the model where it was (Adam with weight decay still decays it, so compare the loss).
+    assert reply.metrics["loss"] == 0.0
