@@ -142,3 +142,16 @@ def test_the_adaptation_share_labels_are_never_read(tmp_path, monkeypatch):
     logs = [[json.loads(line)["metrics"] for line in (tmp_path / r / "rounds.jsonl").read_text().splitlines()]
             for r in ("clean", "corrupted")]
     assert logs[0] == logs[1]
+
+
+def test_a_report_of_probed_runs_says_they_read_target_labels(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedbed.cli import app
+
+    quiet(ExperimentConfig(model="lenet", rounds=1, local_steps=1, batch_size=16, run_dir=tmp_path / "probe",
+                           evaluation_protocol="linear_probe", linear_probe={"epochs": 2}))
+    result = CliRunner().invoke(app, ["report", str(tmp_path), "--html", str(tmp_path / "report.html")])
+    assert result.exit_code == 0, result.output
+    assert "evaluation (1 run): linear probe" in result.output and "target labels" in result.output
+    assert "target labels" in (tmp_path / "report.html").read_text()

@@ -270,7 +270,7 @@ def report(
 ) -> None:
     """Tables of a sweep: algorithms x targets, mean ± std or ± SE over seeds, paired t-tests."""
     from fedbed.federation.evaluation import SELECTION_RULES
-    from fedbed.reporting import RENDERERS, html_report, mixed_code_warning, sweep_tables
+    from fedbed.reporting import RENDERERS, evaluation_notes, html_report, mixed_code_warning, sweep_tables
 
     if selection not in SELECTION_RULES:
         fail(f"unknown selection {selection!r}; choose one of {', '.join(SELECTION_RULES)}")
@@ -282,8 +282,13 @@ def report(
         tables = sweep_tables(sweep_dir, selection, spread, baseline)
     except ValueError as error:
         fail(str(error))
+    notes = evaluation_notes(sweep_dir)
     text = "\n\n".join(RENDERERS[format](rows) for rows in tables.values())
+    if notes and format == "markdown":
+        text += "\n\n" + "\n".join(notes)
     typer.echo(text)
+    if notes and format != "markdown":
+        typer.echo("\n".join(notes), err=True)
     warning = mixed_code_warning(sweep_dir)
     if warning is not None:
         typer.echo(warning, err=True)
@@ -293,7 +298,7 @@ def report(
         from fedbed.plots import plot_sweep
 
         images = plot_sweep(sweep_dir, selection)
-        html.write_text(html_report(tables, images, f"FedBed report: {sweep_dir.name} ({selection})"))
+        html.write_text(html_report(tables, images, f"FedBed report: {sweep_dir.name} ({selection})", notes))
         typer.echo(f"HTML report: {html}")
 
 

@@ -183,6 +183,19 @@ def sweep_tables(
     return tables
 
 
+def evaluation_notes(sweep_dir: Path) -> list[str]:
+    """What the evaluation of the finished runs below ``sweep_dir`` read, one line per distinct
+    statement (:meth:`fedbed.build.BuiltRun.evaluation_statement`) with its number of runs: a
+    table scored by a linear probe, which reads target labels, or under domain adaptation says so."""
+    counts: dict[str, int] = {}
+    for summary in collect_summaries(sweep_dir):
+        statement = summary.get("evaluation") or {}
+        for key in ("note", "adaptation_note"):
+            if key in statement:
+                counts[statement[key]] = counts.get(statement[key], 0) + 1
+    return [f"evaluation ({count} run{'s' if count > 1 else ''}): {note}" for note, count in counts.items()]
+
+
 def mixed_code_warning(sweep_dir: Path) -> str | None:
     """One line if the finished runs below ``sweep_dir`` were made by more than one version of
     FedBed's code, counting a run resumed under other code than it began with
@@ -202,8 +215,9 @@ def mixed_code_warning(sweep_dir: Path) -> str | None:
 RENDERERS = {"markdown": to_markdown, "latex": to_latex, "csv": to_csv}
 
 
-def html_report(tables: dict[str, list[list[str]]], images: list[Path], title: str) -> str:
-    """One self-contained HTML page: the tables and the PNG plots embedded as base64."""
+def html_report(tables: dict[str, list[list[str]]], images: list[Path], title: str, notes: Sequence[str] = ()) -> str:
+    """One self-contained HTML page: the notes (e.g. :func:`evaluation_notes`), the tables and the
+    PNG plots embedded as base64."""
     import base64
     import html
 
@@ -211,6 +225,7 @@ def html_report(tables: dict[str, list[list[str]]], images: list[Path], title: s
              "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
              "td,th{border:1px solid #999;padding:4px 8px;text-align:right}th:first-child,td:first-child{text-align:left}"
              "img{max-width:100%}</style></head><body>", f"<h1>{html.escape(title)}</h1>"]
+    parts += [f"<p class='note'>{html.escape(note)}</p>" for note in notes]
     for name, rows in tables.items():
         parts.append(f"<h2>{html.escape(name)}</h2><table id='{html.escape(name)}'><tr>")
         parts += [f"<th>{html.escape(c)}</th>" for c in rows[0]]
