@@ -236,7 +236,8 @@ def run_rounds(
         selected = sample_clients(federation.clients.num_clients, participation_fraction, seed, round_number)
         payloads = federation.strategy.configure_round(round_number, selected)
         for client in selected:
-            payloads[client].config.update({"round": round_number, "batch_seed": derive_seed(seed, round_number, client)})
+            payloads[client].config.update({"round": round_number, "rounds": rounds,
+                                            "batch_seed": derive_seed(seed, round_number, client)})
         replies: dict[int, Reply] = {}
         dropped: dict[str, str] = {}
         for client, outcome in sorted(federation.clients.fit_round({c: payloads[c] for c in selected}).items()):

@@ -1,0 +1,132 @@
+"""MCGDM (mcgdm.md): the gradient-matching terms by hand and by finite differences, the heads in
+the payload, the cosine schedule, and a resumed run equal to an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from fedbed.algorithms.mcgdm import MCGDMStrategy, cosine_learning_rate, matching_losses, previous_heads_of
+from fedbed.experiment import ExperimentConfig, run_experiment
+from fedbed.federation.messages import ClientInfo, Reply
+from fedbed.models import DomainClassifier
+
+
+def zero_head_model() -> DomainClassifier:
+    model = DomainClassifier(nn.Flatten(), nn.Linear(2, 2), 2)
+    nn.init.zeros_(model.classifier.weight)
+    nn.init.zeros_(model.classifier.bias)
+    return model
+
+
+def test_intra_and_inter_on_a_hand_computed_case():
+    # Zero head: p = (1/2, 1/2), dCE/dlogits = p - onehot(0) = (-1/2, 1/2).
+    # Feature a = (1, 0): g = vec(W grad, b grad) = (-1/2, 0, 1/2, 0, -1/2, 1/2), |g| = 1.
+    # Feature a' = (0, 1): g' = (0, -1/2, 0, 1/2, -1/2, 1/2), |g'| = 1; cos(g, g') = 1/2, L_intra = 1/2.
+    # Previous head W_j = [[1, 0], [0, 0]] on a: p - onehot = (-q, q), q = 1 - sigmoid(1);
+    # g_j = q (-1, 0, 1, 0, -1, 1), cos(g', g_j) = (1/2 + 1/2) q / (1 * 2q) = 1/2 -> 1 - 1/2 = 1/2.
+    # A second previous head equal to the zero head gives g_j = g: 1 - cos(g', g) = 1/2 more.
+    model = zero_head_model()
+    x, augmented, y = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]]), torch.tensor([0])
+    one_hot_head = {"weight": torch.tensor([[1.0, 0.0], [0.0, 0.0]]), "bias": torch.zeros(2)}
+    zero_head = {"weight": torch.zeros(2, 2), "bias": torch.zeros(2)}
+    terms = matching_losses(model, x, augmented, y, [one_hot_head])
+    assert terms["intra"].item() == pytest.approx(0.5)
+    assert terms["inter"].item() == pytest.approx(0.5)
+    assert terms["ce"].item() == pytest.approx(math.log(2)) and terms["ce_augmented"].item() == pytest.approx(math.log(2))
+    assert matching_losses(model, x, augmented, y, [one_hot_head, zero_head])["inter"].item() == pytest.approx(1.0)
+    assert matching_losses(model, x, augmented, y, [])["inter"].item() == 0.0  # round 1: no previous heads
+
+
+def test_the_matching_losses_train_the_featurizer_exactly():
+    """The autograd gradient of Eq. 8 with respect to the featurizer, through the head gradients
+    (create_graph), equals central finite differences (float64)."""
+    torch.manual_seed(0)
+    model = DomainClassifier(nn.Linear(3, 4), nn.Linear(4, 3), 4).double()
+    x, augmented = torch.randn(5, 3, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
+    y = torch.tensor([0, 1, 2, 1, 0])
+    heads = [{"weight": torch.randn(3, 4, dtype=torch.float64), "bias": torch.randn(3, dtype=torch.float64)} for _ in range(2)]
+    matching_lambda = 0.3
+
+    def loss_of(weight: torch.Tensor) -> torch.Tensor:
+        featurizer = lambda inputs: functional_call(model.featurizer, {"weight": weight, "bias": model.featurizer.bias}, (inputs,))  # noqa: E731
+        wrapped = DomainClassifier(nn.Identity(), model.classifier, 4)
+        terms = matching_losses(wrapped, featurizer(x), featurizer(augmented), y, heads)
+        return 0.5 * (terms["ce"] + terms["ce_augmented"]) + matching_lambda * terms["intra"] + (1 - matching_lambda) * terms["inter"]
+
+    weight = model.featurizer.weight.detach().clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(loss_of, (weight,), eps=1e-6, atol=1e-6)
+    # The matching terms alone move the featurizer too (they are not constants of it).
+    def matching_only(w):
+        f = lambda inputs: functional_call(model.featurizer, {"weight": w, "bias": model.featurizer.bias}, (inputs,))  # noqa: E731
+        terms = matching_losses(DomainClassifier(nn.Identity(), model.classifier, 4), f(x), f(augmented), y, heads)
+        return terms["intra"] + terms["inter"]
+    (gradient,) = torch.autograd.grad(matching_only(weight), weight)
+    assert gradient.abs().sum() > 0
+
+
+def replies_with_heads(model, clients):
+    state = model.state_dict()
+    return {c: Reply({k: v + c for k, v in state.items()}, num_examples=10 + c) for c in clients}
+
+
+@pytest.mark.parametrize("include_own_head", [True, False])
+def test_the_server_sends_the_previous_heads_read_only(include_own_head):
+    torch.manual_seed(0)
+    model = DomainClassifier(nn.Flatten(), nn.Linear(4, 3), 4)
+    strategy = MCGDMStrategy(include_own_head=include_own_head)
+    strategy.initialize(model, [ClientInfo(c, 10 + c, (c,)) for c in range(3)])
+    first = strategy.configure_round(1, [0, 1, 2])
+    assert all(p.read_only_arrays == {} for p in first.values())  # round 1: no previous heads
+    strategy.aggregate(1, replies_with_heads(model, [0, 1, 2]))
+    second = strategy.configure_round(2, [0, 1, 2])
+    expected = [0, 1, 2] if include_own_head else [1, 2]
+    assert sorted({name.split("/")[0] for name in second[0].read_only_arrays}) == [f"head{j}" for j in expected]
+    assert set(second[0].arrays) == set(model.state_dict())  # the model travels as arrays, the heads do not
+    heads = previous_heads_of(second[0])
+    assert len(heads) == len(expected) and set(heads[0]) == {"weight", "bias"}
+    assert torch.equal(heads[-1]["bias"], strategy.heads[2]["bias"])
+    restored = MCGDMStrategy(include_own_head=include_own_head)
+    restored.initialize(DomainClassifier(nn.Flatten(), nn.Linear(4, 3), 4), [])
+    restored.load_state_dict(strategy.state_dict())
+    assert torch.equal(restored.configure_round(2, [0])[0].read_only_arrays[f"head{expected[0]}/weight"],
+                       second[0].read_only_arrays[f"head{expected[0]}/weight"])
+
+
+def test_cosine_schedule_runs_from_the_first_to_the_last_round():
+    assert cosine_learning_rate(1, 40, 1e-3, 1e-4) == pytest.approx(1e-3)
+    assert cosine_learning_rate(40, 40, 1e-3, 1e-4) == pytest.approx(1e-4)
+    assert cosine_learning_rate(3, 5, 1e-3, 1e-4) == pytest.approx(5.5e-4)
+    assert cosine_learning_rate(1, 1, 1e-3, 1e-4) == 1e-3
+
+
+def test_a_resumed_mcgdm_run_equals_an_uninterrupted_one(tmp_path, monkeypatch):
+    from fedbed.algorithms.mcgdm import MCGDMTrainer
+    from fedbed.federation.engine import EngineError
+
+    settings = dict(algorithm="mcgdm", model="lenet", rounds=3, local_steps=2, batch_size=16, hp={"client_lr": 0.01})
+    quiet = dict(progress=False, echo=lambda *_: None)
+    straight = run_experiment(ExperimentConfig(run_dir=tmp_path / "straight", **settings), **quiet)
+    fit = MCGDMTrainer.fit
+
+    def crash_in_round_3(self, payload, data, state):
+        if payload.config["round"] == 3:
+            raise RuntimeError("power cut")
+        return fit(self, payload, data, state)
+
+    monkeypatch.setattr(MCGDMTrainer, "fit", crash_in_round_3)
+    with pytest.raises(EngineError, match="power cut"):
+        run_experiment(ExperimentConfig(run_dir=tmp_path / "resumed", **settings), **quiet)
+    monkeypatch.setattr(MCGDMTrainer, "fit", fit)
+    resumed = run_experiment(ExperimentConfig(run_dir=tmp_path / "resumed", **settings), resume=True, **quiet)
+    logs = {name: [json.loads(line)["metrics"] for line in (tmp_path / name / "rounds.jsonl").read_text().splitlines()]
+            for name in ("straight", "resumed")}
+    assert logs["resumed"] == logs["straight"]
+    assert resumed["selection"] == straight["selection"]
+    assert logs["straight"][0]["mean_lr"] == 0.01 and logs["straight"][2]["mean_lr"] == pytest.approx(1e-4)
+    assert logs["straight"][0]["mean_inter"] == 0 and logs["straight"][1]["mean_inter"] > 0
