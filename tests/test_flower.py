@@ -112,9 +112,11 @@ def assert_same_run(expected_dir, actual_dir, eval_size: int):
         assert theirs["id_mean"] == pytest.approx(mine["id_mean"], abs=100.0 / 50 + 1e-9)
 
 
-# FedAvg on both Flower backends; hFedF, which sends each client its own weights, on a deployment
-# (the simulation runs the same FlowerClients transport, with Ray in place of the SuperNodes).
-@pytest.mark.parametrize("algorithm, backends", [("fedavg", ("flower-sim", "flower-deployment")),
+# MCGDM on both Flower backends: FedAvg's server that also sends each client, as read-only arrays,
+# the other clients' heads of the previous round (its own left out, so payloads differ per client);
+# hFedF, which sends each client its own weights, on a deployment (the simulation runs the same
+# FlowerClients transport, with Ray in place of the SuperNodes).
+@pytest.mark.parametrize("algorithm, backends", [("mcgdm", ("flower-sim", "flower-deployment")),
                                                  ("hfedf", ("flower-deployment",))])
 def test_same_results_in_process_and_on_flower(tmp_path, algorithm, backends, no_orphans, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -122,7 +124,8 @@ def test_same_results_in_process_and_on_flower(tmp_path, algorithm, backends, no
     torch.set_num_threads(1)
     # Evaluated after round 2 only: one evaluate message per site instead of two, and still
     # rounds of training on each side of it.
-    run = functools.partial(tiny, algorithm, eval_every=2)
+    hp = {"include_own_head": False, "client_lr": 0.01} if algorithm == "mcgdm" else {}
+    run = functools.partial(tiny, algorithm, eval_every=2, hp=hp)
     try:
         run_experiment(run(tmp_path / "in-process"), progress=False, echo=lambda *_: None)
         # On Flower the sites score their own id holdouts (@app.evaluate); in-process the server does.
@@ -139,6 +142,10 @@ def test_same_results_in_process_and_on_flower(tmp_path, algorithm, backends, no
     for backend in backends:
         assert_same_run(tmp_path / "in-process", tmp_path / backend, eval_size)
     assert final_metrics(tmp_path / "flower-deployment")[1][0] is None  # round 1 was not evaluated
+    if algorithm == "mcgdm":  # round 2 carried the other client's head as read-only arrays, on every backend
+        for backend in ("in-process", *backends):
+            second = json.loads((tmp_path / backend / LOG_NAME).read_text().splitlines()[1])
+            assert second["communication"]["sent_bytes"]["0"] > second["communication"]["received_bytes"]["0"]
 
 
 def test_a_lost_supernode_is_dropped_and_the_rounds_go_on(tmp_path, no_orphans):
