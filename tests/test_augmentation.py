@@ -74,6 +74,5 @@ def test_an_augmented_run_resumes_bit_identically(tmp_path):
     logs = [[json.loads(line)["metrics"] for line in (tmp_path / r / "rounds.jsonl").read_text().splitlines()] for r in "ab"]
     assert logs[0] == logs[1]
     assert straight["selection"]["last"]["ood"] == resumed["selection"]["last"]["ood"]
-    plain = run_experiment(ExperimentConfig(run_dir=tmp_path / "c", **{**settings, "augmentation": None}),
-                           progress=False, echo=lambda *_: None)
+    run_experiment(ExperimentConfig(run_dir=tmp_path / "c", **{**settings, "augmentation": None}), progress=False, echo=lambda *_: None)
     assert json.loads((tmp_path / "c" / "rounds.jsonl").read_text().splitlines()[0])["metrics"] != logs[0][0]

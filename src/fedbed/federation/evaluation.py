@@ -29,16 +29,6 @@ EVALUATION_PROTOCOLS = ("argmax", "linear_probe")
 _REGRESSION_SUMS = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")
 
 
-@torch.no_grad()
-def _outputs(model: nn.Module, data: ClientData, batch_size: int = 1024) -> torch.Tensor:
-    """The model's outputs on every sample of ``data``, in eval mode: ``[n, C]`` (or ``[n, 1]``)."""
-    was_training = model.training
-    model.eval()
-    outputs = torch.cat([model(inputs) for inputs in data.input_chunks(batch_size)])
-    model.train(was_training)
-    return outputs
-
-
 def metric_statistics(model: nn.Module, data: ClientData, task: str = "classification") -> dict[str, float]:
     """Sums from which the task's metric follows, and which add up over disjoint parts of a set,
     so that clients can each score their own share of a holdout and the server can combine them
@@ -56,7 +46,7 @@ def metric_statistics(model: nn.Module, data: ClientData, task: str = "classific
         raise KeyError(f"unknown task {task!r}; choose one of {', '.join(METRICS)}")
     if len(data) == 0:
         return {"n": 0.0, "correct": 0.0} if task == "classification" else dict.fromkeys(_REGRESSION_SUMS, 0.0)
-    outputs = _outputs(model, data)
+    outputs = data.outputs_of(model)
     if task == "classification":
         return {"n": float(len(data)), "correct": float((outputs.argmax(dim=1) == data.targets).sum())}
     x, y = outputs.squeeze(1).to(torch.float64), data.targets.to(torch.float64)

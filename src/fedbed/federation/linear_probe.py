@@ -76,7 +76,7 @@ class LinearProbe(BaseModel):
         """
         if not hasattr(model, "featurizer"):
             raise ValueError("the linear probe needs a model with a featurizer (a DomainClassifier)")
-        features = _features(model.featurizer, data)
+        features = data.outputs_of(model.featurizer)
         scores = []
         for repeat in range(self.repeats):
             labelled, test = self.split(len(data), seed, domain, repeat)
@@ -104,16 +104,6 @@ class LinearProbe(BaseModel):
                 loss.backward()
                 optimizer.step()
         return probe
-
-
-@torch.no_grad()
-def _features(featurizer: nn.Module, data: ClientData, chunk_size: int = 1024) -> torch.Tensor:
-    """Frozen features ``[n, d]`` in eval mode (the featurizer's mode is restored)."""
-    was_training = featurizer.training
-    featurizer.eval()
-    features = torch.cat([featurizer(inputs) for inputs in data.input_chunks(chunk_size)])
-    featurizer.train(was_training)
-    return features
 
 
 __all__ = ["LinearProbe", "PROBE_PURPOSE"]

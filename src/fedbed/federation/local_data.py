@@ -92,6 +92,16 @@ class UnlabeledImages:
         for start in range(0, len(self), chunk_size):
             yield self.model_input(self.images[start : start + chunk_size])
 
+    @torch.no_grad()
+    def outputs_of(self, module: torch.nn.Module, chunk_size: int = 1024) -> torch.Tensor:
+        """``module``'s outputs on every sample in order, in eval mode and without gradients
+        (the module's mode is restored): ``[n, ...]``."""
+        was_training = module.training
+        module.eval()
+        outputs = torch.cat([module(inputs) for inputs in self.input_chunks(chunk_size)])
+        module.train(was_training)
+        return outputs
+
 
 @dataclass(frozen=True)
 class ClientData(UnlabeledImages):
