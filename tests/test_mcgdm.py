@@ -130,3 +130,40 @@ def test_a_resumed_mcgdm_run_equals_an_uninterrupted_one(tmp_path, monkeypatch):
     assert resumed["selection"] == straight["selection"]
     assert logs["straight"][0]["mean_lr"] == 0.01 and logs["straight"][2]["mean_lr"] == pytest.approx(1e-4)
     assert logs["straight"][0]["mean_inter"] == 0 and logs["straight"][1]["mean_inter"] > 0
+
+
+def test_supervised_contrastive_loss_by_hand():
+    # Two unit features of one class at 90 degrees and one of another class opposite the first:
+    # z0·z1 = 0, z0·z2 = -1, z1·z2 = 0. With τ = 1, anchor 0's only positive is 1:
+    # -log(e^0 / (e^0 + e^-1)) = log(1 + e^-1); anchor 1 likewise: -log(e^0 / (e^0 + e^0)) = log 2;
+    # anchor 2 has no positive and is left out.
+    from fedbed.algorithms.mcgdm import supervised_contrastive_loss
+
+    features = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
+    labels = torch.tensor([0, 0, 1])
+    expected = (math.log(1 + math.exp(-1)) + math.log(2)) / 2
+    assert supervised_contrastive_loss(features, labels, 1.0).item() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("alignment", ["kl", "supcon", "cofc"])
+def test_table_5_alignments_run_and_align(alignment):
+    from fedbed.algorithms.mcgdm import alternative_alignment
+
+    torch.manual_seed(0)
+    model = DomainClassifier(nn.Linear(3, 4), nn.Linear(4, 2), 4)
+    x, y = torch.randn(6, 3), torch.tensor([0, 1, 0, 1, 0, 1])
+    heads = [{"weight": torch.randn(2, 4), "bias": torch.zeros(2)}]
+    terms = alternative_alignment(alignment, model, x, x + 0.5 * torch.randn(6, 3), y, heads, 0.1)
+    assert terms["align"].item() > 0 and terms["align"].requires_grad
+    same = alternative_alignment(alignment, model, x, x, y, heads, 0.1)
+    if alignment == "kl":
+        assert same["align"].item() == pytest.approx(0.0, abs=1e-7)  # identical views agree exactly
+    with pytest.raises(ValueError, match="unknown alignment"):
+        alternative_alignment("mmd", model, x, x, y, heads, 0.1)
+
+
+def test_an_alternative_alignment_trains_end_to_end(tmp_path):
+    summary = run_experiment(ExperimentConfig(algorithm="mcgdm", model="lenet", rounds=2, local_steps=2, batch_size=16,
+                                              hp={"alignment": "cofc", "client_lr": 0.01}, run_dir=tmp_path),
+                             progress=False, echo=lambda *_: None)
+    assert summary["hp"]["alignment"] == "cofc" and summary["rounds"] == 2

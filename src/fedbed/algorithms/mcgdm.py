@@ -33,6 +33,17 @@ Readings where the paper leaves a choice (each tested):
   round 1 uses 1e-3 and round R 1e-4; the client reads t and R from the engine's payload config,
   so a resumed run continues the schedule exactly (a resumption that changes R changes it).
 
+The alternative alignments of Table 5 replace both matching terms by one term between x and A(x)
+(``alignment``; the loss is then ½(CE(x) + CE(A(x))) + alignment_weight · L_align):
+
+- ``kl``: KL(p(x) ‖ p(A(x))) of the softmax of the logits, batch mean (StyleNeo's logit-level
+  consistency, Kang et al. 2022);
+- ``supcon``: the supervised contrastive loss (Khosla et al. 2020, Eq. 2) over the 2B
+  L2-normalised features of x and A(x), positives = the other views of the same class,
+  temperature ``supcon_temperature``;
+- ``cofc``: collaboration of frozen classifiers (COPA, Wu and Gong 2021): the other clients'
+  previous heads, frozen, classify this client's features of A(x); their mean cross-entropy.
+
 Defaults (Implementation Details): SGD with momentum 0.9 and weight decay 5e-4, learning rate 1e-3
 decayed to 1e-4 (Office-Home 2e-3), λ = 0.3 on PACS and 0.8 on Office-Home and VLCS; batch 16
 (Office-Home 30), 40 rounds of 1 local epoch are run settings (``docs/configs/pacs32-mcgdm.yaml``).
@@ -76,6 +87,10 @@ class MCGDMHyperparameters(LocalTrainingHyperparameters):
         use_inter: include L_inter (Table 4's ablation).
         include_own_head: whether Eq. 5's sum includes the client's own previous head.
         augmentation: A(x), a name of :mod:`fedbed.data.augmentation` (RandAugment).
+        alignment: ``gradient`` (MCGDM) or one of Table 5's alternatives, ``kl``, ``supcon``,
+            ``cofc`` (see the module docstring).
+        alignment_weight: the weight of an alternative alignment term.
+        supcon_temperature: τ of the supervised contrastive loss.
     """
 
     client_optimizer: Literal["adam", "sgd"] = "sgd"
@@ -88,6 +103,9 @@ class MCGDMHyperparameters(LocalTrainingHyperparameters):
     use_inter: bool = True
     include_own_head: bool = True
     augmentation: Literal[tuple(AUGMENTATIONS)] = "randaugment"
+    alignment: Literal["gradient", "kl", "supcon", "cofc"] = "gradient"
+    alignment_weight: float = Field(1.0, ge=0)
+    supcon_temperature: float = Field(0.1, gt=0)
 
 
 def cosine_learning_rate(round_number: int, rounds: int, initial: float, final: float) -> float:
@@ -151,6 +169,56 @@ def matching_losses(model: nn.Module, inputs: torch.Tensor, augmented: torch.Ten
     return {"ce": ce, "ce_augmented": ce_augmented, "intra": intra, "inter": inter}
 
 
+def supervised_contrastive_loss(features: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Khosla et al. 2020, Eq. 2 (L^sup_out): for each anchor i of the N features,
+    −1/|P(i)| Σ_{p∈P(i)} log(exp(z_i·z_p/τ) / Σ_{a≠i} exp(z_i·z_a/τ)), P(i) the other samples of
+    its class; the mean over anchors that have a positive.
+
+    Args:
+        features: ``[N, d]`` (L2-normalised here).
+        labels: ``[N]``.
+        temperature: τ > 0.
+    """
+    z = nn.functional.normalize(features, dim=1)
+    logits = z @ z.T / temperature
+    self_mask = torch.eye(len(z), dtype=torch.bool)
+    logits = logits.masked_fill(self_mask, float("-inf"))
+    log_probability = logits - torch.logsumexp(logits, dim=1, keepdim=True)
+    positives = (labels[:, None] == labels[None, :]) & ~self_mask
+    counts = positives.sum(dim=1)
+    has_positive = counts > 0
+    per_anchor = -(log_probability.masked_fill(~positives, 0.0)).sum(dim=1)[has_positive] / counts[has_positive]
+    return per_anchor.mean() if bool(has_positive.any()) else features.new_zeros(())
+
+
+def alternative_alignment(name: str, model: nn.Module, inputs: torch.Tensor, augmented: torch.Tensor, targets: torch.Tensor,
+                          previous_heads: list[dict[str, torch.Tensor]], temperature: float) -> dict[str, torch.Tensor]:
+    """The classification terms and one of Table 5's alignment terms (``kl``, ``supcon``, ``cofc``).
+
+    Returns:
+        ``{"ce", "ce_augmented", "align"}`` scalar tensors (``cofc`` without heads: 0).
+
+    Raises:
+        ValueError: an unknown ``name``.
+    """
+    features, features_augmented = model.featurizer(inputs), model.featurizer(augmented)
+    logits, logits_augmented = model.classifier(features), model.classifier(features_augmented)
+    terms = {"ce": nn.functional.cross_entropy(logits, targets),
+             "ce_augmented": nn.functional.cross_entropy(logits_augmented, targets)}
+    if name == "kl":
+        terms["align"] = nn.functional.kl_div(nn.functional.log_softmax(logits_augmented, dim=1),
+                                              nn.functional.log_softmax(logits, dim=1), reduction="batchmean", log_target=True)
+    elif name == "supcon":
+        terms["align"] = supervised_contrastive_loss(torch.cat([features, features_augmented]), torch.cat([targets, targets]), temperature)
+    elif name == "cofc":
+        losses = [nn.functional.cross_entropy(functional_call(model.classifier, {k: v.detach() for k, v in head.items()},
+                                                              (features_augmented,)), targets) for head in previous_heads]
+        terms["align"] = torch.stack(losses).mean() if losses else features.new_zeros(())
+    else:
+        raise ValueError(f"unknown alignment {name!r}; choose gradient, kl, supcon or cofc")
+    return terms
+
+
 def previous_heads_of(payload: Payload) -> list[dict[str, torch.Tensor]]:
     """The heads C_j^{t−1} the server sent (read-only arrays ``head<j>/<parameter>``), by j."""
     heads: dict[int, dict[str, torch.Tensor]] = {}
@@ -170,10 +238,15 @@ class MCGDMTrainer(SupervisedTrainer):
         hparams, model = self.hparams, self.model
         model.load_state_dict(payload.arrays)
         lr = cosine_learning_rate(int(payload.config["round"]), int(payload.config["rounds"]), hparams.client_lr, hparams.final_lr)
-        heads = previous_heads_of(payload) if hparams.use_inter else []
+        gradient = hparams.alignment == "gradient"
+        heads = previous_heads_of(payload) if (hparams.use_inter or hparams.alignment == "cofc") else []
         sums = {"intra": 0.0, "inter": 0.0, "batches": 0}
 
         def batch_loss(batch: Batch) -> torch.Tensor:
+            if not gradient:
+                terms = alternative_alignment(hparams.alignment, model, batch.inputs, batch.views[0], batch.targets, heads,
+                                              hparams.supcon_temperature)
+                return 0.5 * (terms["ce"] + terms["ce_augmented"]) + hparams.alignment_weight * terms["align"]
             terms = matching_losses(model, batch.inputs, batch.views[0], batch.targets, heads)
             sums["intra"] += float(terms["intra"].detach())
             sums["inter"] += float(terms["inter"].detach())
