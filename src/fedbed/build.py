@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from fedbed.algorithms import AlgorithmContext, TrainingBudget
+from fedbed.algorithms.knowledge_vote import KnowledgeVoteAdaptation
 from fedbed.config import ConfigError, ExperimentConfig, validate
 from fedbed.data import (
     DataError,
@@ -150,8 +151,11 @@ class BuiltRun:
                 hypernetwork).
         """
         dataset, split = self.dataset, self.split
+        strategy = self.algorithm.create_strategy(self.hparams, self.context)
+        if self.config.target_adaptation == "knowledge_vote":
+            strategy = KnowledgeVoteAdaptation(strategy, self.context.model_factory, self.hparams, self.context.budget, self.config.seed)
         federation = Federation(
-            strategy=self.algorithm.create_strategy(self.hparams, self.context),
+            strategy=strategy,
             clients=clients,
             holdout={d: self.data(idx) for d, idx in split.holdout.items()},
             target={
@@ -166,6 +170,7 @@ class BuiltRun:
             num_classes=dataset.num_classes,
             seed=self.config.seed,
             adaptation_target=self.data(self.adaptation_indices).without_labels() if len(self.adaptation_indices) else None,
+            adaptation_labels_for_the_log=dataset.labels[self.adaptation_indices] if len(self.adaptation_indices) else None,
         )
         # The strategy may draw its own initial state (hFedF's hypernetwork): seeded here, so it
         # does not depend on what was built before it in this process (a Flower server builds no

@@ -85,6 +85,9 @@ class ExperimentConfig(BaseModel):
             which ood accuracy is measured.
         adaptation_fraction: the adaptation share of the target under ``domain_adaptation``
             (unset: 0.5).
+        target_adaptation: ``knowledge_vote`` adds a target model trained on pseudo-labels of the
+            adaptation share to any averaging method (:mod:`fedbed.algorithms.knowledge_vote`);
+            unset: the server does not use the target images.
         hp: algorithm hyperparameters by name (validated by the algorithm).
         run_dir: output folder (default ``runs/<dataset>/<algorithm>/<target>/seed<seed>``).
     """
@@ -118,6 +121,7 @@ class ExperimentConfig(BaseModel):
     linear_probe: LinearProbe | None = None
     protocol: Literal[PROTOCOLS] | None = None
     adaptation_fraction: float | None = Field(None, gt=0, lt=1)
+    target_adaptation: Literal["knowledge_vote"] | None = None
     hp: dict[str, Any] = Field(default_factory=dict)
     run_dir: Path | None = None
 
@@ -127,8 +131,9 @@ class ExperimentConfig(BaseModel):
             self.local_epochs = None
         if self.local_epochs is None and self.local_steps is None:
             raise ValueError("give local_epochs or local_steps")
-        if self.adaptation_fraction is not None and self.protocol != "domain_adaptation":
-            raise ValueError("adaptation_fraction applies to protocol: domain_adaptation only")
+        for setting in ("adaptation_fraction", "target_adaptation"):
+            if getattr(self, setting) is not None and self.protocol != "domain_adaptation":
+                raise ValueError(f"{setting} applies to protocol: domain_adaptation only")
         if self.protocol == "domain_adaptation" and self.few_shot_per_client:
             raise ValueError("few_shot_per_client (labelled target samples) and protocol: domain_adaptation exclude each other")
         return self

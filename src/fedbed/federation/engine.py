@@ -58,6 +58,9 @@ class Federation:
         seed: the run's seed (the probe's shares).
         adaptation_target: ``domain_adaptation`` protocol only: the target's unlabelled
             adaptation share, also given to the strategy (``None`` otherwise).
+        adaptation_labels_for_the_log: the adaptation share's labels, read only by
+            :func:`adaptation_log` to log the accuracy of a strategy's pseudo-labels (never
+            given to the strategy, never used by training or model selection).
     """
 
     strategy: ServerStrategy
@@ -72,6 +75,24 @@ class Federation:
     num_classes: int = 0
     seed: int = 0
     adaptation_target: UnlabeledImages | None = None
+    adaptation_labels_for_the_log: torch.Tensor | None = None
+
+
+def adaptation_log(pseudo_labels: list[int], labels: torch.Tensor | None) -> dict[str, Any]:
+    """The round's log of a strategy's pseudo-labels of the adaptation share (``-1``: none).
+
+    Returns:
+        ``{"pseudo_labelled_fraction", "pseudo_label_accuracy_reads_target_labels"}``; the
+        accuracy (percent of the pseudo-labelled images whose pseudo-label is their label) reads
+        target labels and exists for the log only (``None`` without labels or pseudo-labels).
+    """
+    predicted = torch.tensor(pseudo_labels, dtype=torch.long)
+    kept = predicted >= 0
+    accuracy = None
+    if labels is not None and bool(kept.any()):
+        accuracy = 100.0 * float((predicted[kept] == labels[kept]).float().mean())
+    return {"pseudo_labelled_fraction": float(kept.float().mean()) if len(predicted) else 0.0,
+            "pseudo_label_accuracy_reads_target_labels": accuracy}
 
 
 def sample_clients(num_clients: int, participation_fraction: float, seed: int, round_number: int) -> list[int]:
@@ -254,6 +275,8 @@ def run_rounds(
         updates = client_updates(payloads, replies)
         alignment = alignment_telemetry(updates[1], updates[0]) if updates is not None else None
         summary = federation.strategy.aggregate(round_number, replies)
+        pseudo_labels = summary.telemetry.pop("pseudo_labels", None)
+        adaptation = adaptation_log(pseudo_labels, federation.adaptation_labels_for_the_log) if pseudo_labels is not None else None
         evaluation, evaluation_dropped = None, {}
         evaluation_began = time.perf_counter()
         if eval_every and (round_number % eval_every == 0 or round_number == rounds):
@@ -271,6 +294,7 @@ def run_rounds(
                 "sent_bytes": {str(c): payloads[c].num_bytes() for c in selected},
                 "received_bytes": {str(c): reply.num_bytes() for c, reply in replies.items()},
             },
+            "adaptation": adaptation,
             "evaluation": evaluation,
             "evaluation_dropped": evaluation_dropped,
             "seconds": time.perf_counter() - began,

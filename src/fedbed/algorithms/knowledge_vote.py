@@ -1,0 +1,172 @@
+"""Federated domain adaptation by knowledge vote: any averaging method, plus a target model
+trained on pseudo-labels of the server's unlabelled target images (MCGDM's extension, Eq. 10,
+``mcgdm.md``; the vote of KD3A, Feng et al. 2021, Sec. 3.2).
+
+Under ``protocol: domain_adaptation`` with ``target_adaptation: knowledge_vote``, each round:
+
+1. the method's own strategy aggregates the source clients' models (``aggregate``);
+2. every source model of the round predicts every image of the unlabelled adaptation share;
+3. **knowledge vote**: a source model is *confident* on an image when its largest class
+   probability exceeds ``confidence_gate`` (KD3A's 0.9); the image's pseudo-label is the class
+   most confident models vote for (ties: the larger sum of those models' top probabilities, then
+   the lower class index); an image no model is confident on gets no pseudo-label this round;
+4. a target model, starting from the aggregated global model, is trained on the pseudo-labelled
+   images with cross-entropy against the hard pseudo-labels (Eq. 10) for the run's local budget
+   with the method's client optimiser;
+5. the global model becomes the sample-weighted average of the source models' average (weight
+   Σ n_k) and the target model (weight: the number of pseudo-labelled images), i.e. Eq. 9 with
+   the target model as one more client.
+
+The strategy sees the target images only as :class:`~fedbed.federation.local_data.UnlabeledImages`
+(no labels exist on that type). It reports the pseudo-labels in its telemetry; the engine turns
+them into the pseudo-labelled fraction and, for the log only, their accuracy against the
+adaptation share's labels (:func:`fedbed.federation.engine.adaptation_log`), labelled as reading
+target labels and never used by training or model selection.
+
+It applies to methods whose next round starts from the strategy's ``global_model()`` (FedAvg and
+its descendants: FedProx, FedSR, MCGDM, the update aggregators); hFedF and pFedHN generate each
+client's model from a hypernetwork and are refused.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedbed.algorithms.fedavg import FedAvgStrategy
+from fedbed.algorithms.local_training import LocalTrainingHyperparameters, make_optimizer
+from fedbed.algorithms.registry import TrainingBudget
+from fedbed.federation.local_data import UnlabeledImages
+from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
+from fedbed.federation.strategy import ServerStrategy
+from fedbed.gradients import weighted_average
+from fedbed.seeding import seeded_generator
+
+ADAPTATION_PURPOSE = 0xADA
+"""Mixed into the target model's seeds (batch order) so they differ from every other draw."""
+
+
+def knowledge_vote(probabilities: torch.Tensor, confidence_gate: float = 0.9) -> torch.Tensor:
+    """KD3A's knowledge vote over K models' class probabilities for N images.
+
+    Args:
+        probabilities: ``[K, N, C]`` softmax outputs of the K source models.
+        confidence_gate: a model votes on an image when its top probability exceeds this.
+
+    Returns:
+        ``int64 [N]`` pseudo-labels, ``-1`` where no model is confident.
+    """
+    top, predicted = probabilities.max(dim=2)  # [K, N]
+    confident = top > confidence_gate
+    classes = probabilities.shape[2]
+    one_hot = nn.functional.one_hot(predicted, classes).to(torch.float64) * confident.unsqueeze(2)  # [K, N, C]
+    votes = one_hot.sum(dim=0)
+    strength = (one_hot * top.to(torch.float64).unsqueeze(2)).sum(dim=0)
+    # Most votes first (strength / (K + 1) < 1 never outweighs one vote), then the larger summed
+    # confidence; argmax takes the lowest index on a remaining tie.
+    score = votes + strength / (probabilities.shape[0] + 1.0)
+    labels = score.argmax(dim=1)
+    return torch.where(confident.any(dim=0), labels, torch.full_like(labels, -1))
+
+
+class KnowledgeVoteAdaptation(ServerStrategy):
+    """Wraps a method's strategy with the knowledge-vote target model (see the module docstring).
+
+    Args:
+        inner: the method's strategy (its ``global_model()`` must be what the next round sends).
+        model_factory: builds the method's model (for the source models' predictions).
+        hparams: the method's client optimiser settings (the target model's optimiser).
+        budget: the local budget (the target model's epochs or steps, and its batch size).
+        seed: the run's seed.
+        confidence_gate: the vote's gate (KD3A: 0.9).
+
+    Raises:
+        ValueError: (at ``initialize``) an inner strategy that is not FedAvg's family.
+    """
+
+    def __init__(self, inner: ServerStrategy, model_factory, hparams: LocalTrainingHyperparameters, budget: TrainingBudget,
+                 seed: int, confidence_gate: float = 0.9) -> None:
+        self.inner, self.model_factory, self.hparams, self.budget = inner, model_factory, hparams, budget
+        self.seed, self.confidence_gate = seed, confidence_gate
+        self.requires_every_client = inner.requires_every_client
+        self.target: UnlabeledImages | None = None
+
+    def initialize(self, model: nn.Module, clients: list[ClientInfo]) -> None:
+        if not isinstance(self.inner, FedAvgStrategy):
+            raise ValueError(f"knowledge-vote adaptation needs a method whose next round starts from the global model "
+                             f"(FedAvg's family); {type(self.inner).__name__} generates its clients' models")
+        self.inner.initialize(model, clients)
+        with torch.random.fork_rng():  # building the helper model must not move the run's draws
+            self._model = self.model_factory()
+
+    def receive_adaptation_target(self, images: UnlabeledImages) -> None:
+        self.target = images
+
+    def configure_round(self, round_number: int, selected: list[int]) -> dict[int, Payload]:
+        return self.inner.configure_round(round_number, selected)
+
+    def _probabilities(self, replies: dict[int, Reply]) -> torch.Tensor:
+        """``[K, N, C]`` class probabilities of each source model of the round on the target images."""
+        outputs = []
+        for client in sorted(replies):
+            self._model.load_state_dict(replies[client].arrays)
+            outputs.append(torch.softmax(self.target.outputs_of(self._model), dim=1))
+        return torch.stack(outputs)
+
+    def _train_target_model(self, start: nn.Module, images: torch.Tensor, labels: torch.Tensor, round_number: int) -> nn.Module:
+        """Eq. 10: the global model fine-tuned on the pseudo-labelled images."""
+        model = copy.deepcopy(start)
+        model.train()
+        optimizer = make_optimizer(model.parameters(), self.hparams)
+        generator = seeded_generator(self.seed, ADAPTATION_PURPOSE, round_number)
+        steps, epoch = 0, 0
+        while (self.budget.local_epochs is None or epoch < self.budget.local_epochs) and \
+                (self.budget.local_steps is None or steps < self.budget.local_steps):
+            order = torch.randperm(len(labels), generator=generator)
+            for start_index in range(0, len(labels), self.budget.batch_size):
+                index = order[start_index : start_index + self.budget.batch_size]
+                loss = nn.functional.cross_entropy(model(self.target.model_input(images[index])), labels[index])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                steps += 1
+                if self.budget.local_steps is not None and steps >= self.budget.local_steps:
+                    break
+            epoch += 1
+        return model
+
+    def aggregate(self, round_number: int, replies: dict[int, Reply]) -> RoundSummary:
+        if self.target is None:
+            raise RuntimeError("knowledge-vote adaptation runs under protocol: domain_adaptation only (no target images were given)")
+        pseudo_labels = knowledge_vote(self._probabilities(replies), self.confidence_gate)
+        summary = self.inner.aggregate(round_number, replies)
+        kept = pseudo_labels >= 0
+        count = int(kept.sum())
+        if count:
+            global_model = self.inner.global_model()
+            with torch.random.fork_rng():
+                torch.manual_seed(int(seeded_generator(self.seed, ADAPTATION_PURPOSE, round_number, 1).initial_seed()))
+                target_model = self._train_target_model(global_model, self.target.images[kept], pseudo_labels[kept], round_number)
+            sources = sum(reply.num_examples for reply in replies.values())
+            global_model.load_state_dict(weighted_average([global_model.state_dict(), target_model.state_dict()], [sources, count]))
+        summary.telemetry["pseudo_labels"] = pseudo_labels.tolist()
+        summary.metrics["pseudo_labelled_fraction"] = count / max(len(pseudo_labels), 1)
+        return summary
+
+    def global_model(self) -> nn.Module:
+        return self.inner.global_model()
+
+    def evaluation_models(self):
+        return self.inner.evaluation_models()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"inner": self.inner.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state["inner"])
+
+
+__all__ = ["KnowledgeVoteAdaptation", "knowledge_vote"]

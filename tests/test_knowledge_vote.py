@@ -1,0 +1,68 @@
+"""Federated domain adaptation by knowledge vote: the vote by hand, label-blind training, the log."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from fedbed.algorithms.knowledge_vote import knowledge_vote
+from fedbed.config import ConfigError
+from fedbed.experiment import ExperimentConfig, run_experiment
+
+
+def test_the_vote_by_hand():
+    # Image 0: model 0 is confident on class 1 (0.95), model 1 on class 2 (0.92), model 2 on
+    #   nothing: one vote each, the larger confidence wins -> 1.
+    # Image 1: no model exceeds 0.9 -> no pseudo-label (-1).
+    # Image 2: models 0 and 1 confident on class 0, model 2 very confident on class 2: votes win -> 0.
+    probabilities = torch.tensor([
+        [[0.02, 0.95, 0.03], [0.5, 0.3, 0.2], [0.91, 0.05, 0.04]],
+        [[0.04, 0.04, 0.92], [0.4, 0.4, 0.2], [0.93, 0.03, 0.04]],
+        [[0.3, 0.5, 0.2], [0.2, 0.2, 0.6], [0.005, 0.005, 0.99]],
+    ])
+    assert knowledge_vote(probabilities, 0.9).tolist() == [1, -1, 0]
+    assert knowledge_vote(probabilities, 0.99).tolist() == [-1, -1, -1]
+
+
+def quiet(config):
+    return run_experiment(config, progress=False, echo=lambda *_: None)
+
+
+SETTINGS = dict(model="lenet", rounds=3, local_steps=8, batch_size=32, hp={"client_lr": 0.005},
+                protocol="domain_adaptation", target_adaptation="knowledge_vote")
+
+
+def test_training_never_reads_the_adaptation_labels(tmp_path, monkeypatch):
+    clean = quiet(ExperimentConfig(run_dir=tmp_path / "clean", **SETTINGS))
+    import fedbed.build as build
+    import fedbed.experiment as experiment
+
+    original = build.build_run
+
+    def corrupted_labels(config):
+        built = original(config)
+        labels = built.dataset.labels.clone()  # a copy: the loaded dataset is cached for later runs
+        labels[built.adaptation_indices] = (labels[built.adaptation_indices] + 3) % built.dataset.num_classes
+        built.dataset = dataclasses.replace(built.dataset, labels=labels)
+        return built
+
+    monkeypatch.setattr(experiment, "build_run", corrupted_labels)
+    corrupted = quiet(ExperimentConfig(run_dir=tmp_path / "corrupted", **SETTINGS))
+    logs = {name: [json.loads(line) for line in (tmp_path / name / "rounds.jsonl").read_text().splitlines()]
+            for name in ("clean", "corrupted")}
+    assert [r["metrics"] for r in logs["clean"]] == [r["metrics"] for r in logs["corrupted"]]
+    assert clean["selection"] == corrupted["selection"]
+    fractions = [r["adaptation"]["pseudo_labelled_fraction"] for r in logs["clean"]]
+    assert fractions[-1] > 0  # the vote labelled some images, so the test would see a leak
+    accuracy = [r["adaptation"]["pseudo_label_accuracy_reads_target_labels"] for r in logs["clean"]]
+    corrupted_accuracy = [r["adaptation"]["pseudo_label_accuracy_reads_target_labels"] for r in logs["corrupted"]]
+    assert accuracy != corrupted_accuracy  # only the log reads the labels
+    assert "pseudo_labels" not in logs["clean"][-1]["telemetry"]
+
+
+def test_methods_that_generate_their_clients_models_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="knowledge-vote adaptation needs a method whose next round starts from the global model"):
+        quiet(ExperimentConfig(algorithm="hfedf", run_dir=tmp_path, **{**SETTINGS, "hp": {}}))
