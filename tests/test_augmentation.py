@@ -76,3 +76,39 @@ def test_an_augmented_run_resumes_bit_identically(tmp_path):
     assert straight["selection"]["last"]["ood"] == resumed["selection"]["last"]["ood"]
     run_experiment(ExperimentConfig(run_dir=tmp_path / "c", **{**settings, "augmentation": None}), progress=False, echo=lambda *_: None)
     assert json.loads((tmp_path / "c" / "rounds.jsonl").read_text().splitlines()[0])["metrics"] != logs[0][0]
+
+
+def test_amplitude_mix_keeps_each_images_phase_and_mixes_amplitudes():
+    images = rgb_images(8)
+    (mixed,) = Augmentation("amplitude_mix").apply(images, seed=1)
+    assert mixed.shape == images.shape and mixed.dtype == torch.uint8 and not torch.equal(mixed, images)
+    assert torch.equal(Augmentation("amplitude_mix").apply(images, seed=1)[0], mixed)
+    # With λ = 0 (ratio 0) nothing changes but the round trip through the FFT.
+    from fedbed.data.augmentation import amplitude_mix
+
+    assert (amplitude_mix(images, ratio=0.0).int() - images.int()).abs().max() <= 1
+    # Mixing two identical images changes nothing either: the amplitude is shared.
+    twins = images[:1].expand(2, -1, -1, -1).contiguous()
+    assert (amplitude_mix(twins).int() - twins.int()).abs().max() <= 1
+
+
+def test_mixstyle_mixes_statistics_in_training_only():
+    from fedbed.models import build_model
+    from fedbed.models.mixstyle import MixStyle
+
+    layer = MixStyle(p=1.0)
+    features = torch.randn(4, 3, 5, 5) * torch.tensor([1.0, 2.0, 3.0, 4.0]).view(4, 1, 1, 1)
+    torch.manual_seed(0)
+    mixed = layer(features)
+    assert mixed.shape == features.shape and not torch.allclose(mixed, features)
+    # The content (the normalised map) is kept: each mixed map is an affine copy of its own.
+    normalised = (features - features.mean((2, 3), keepdim=True)) / features.std((2, 3), keepdim=True)
+    again = (mixed - mixed.mean((2, 3), keepdim=True)) / mixed.std((2, 3), keepdim=True)
+    assert torch.allclose(normalised, again, atol=1e-4)
+    layer.eval()
+    assert torch.equal(layer(features), features)
+    model = build_model("hfedf_cnn", (3, 32, 32), 7, mixstyle=True)
+    assert sum(isinstance(m, MixStyle) for m in model.modules()) == 2
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 7)
+    with pytest.raises(ValueError, match="MixStyle has a placement for"):
+        build_model("lenet", (1, 28, 28), 10, mixstyle=True)

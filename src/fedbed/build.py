@@ -206,7 +206,8 @@ def build_run(config: ExperimentConfig) -> BuiltRun:
         model_name = config.model or spec.default_model
 
         def model_factory():
-            base = build_model(model_name, dataset.input_shape, dataset.num_classes, config.pretrained_weights)
+            base = build_model(model_name, dataset.input_shape, dataset.num_classes, config.pretrained_weights,
+                               mixstyle=bool(config.mixstyle))
             return algorithm.wrap_model(base, hparams)
 
         torch.manual_seed(derive_seed(config.seed, 0))

@@ -73,6 +73,8 @@ class ExperimentConfig(BaseModel):
             (:func:`fedbed.federation.local_data.to_model_input`): ``imagenet`` (DomainBed's, the
             default: RGB normalised with the ImageNet mean and std, grey scaled to [0, 1]),
             ``unit`` ([0, 1]) or ``symmetric`` ([−1, 1]).
+        mixstyle: insert MixStyle layers into the featurizer (Zhou et al. 2021; MCGDM's Baseline,
+            :mod:`fedbed.models.mixstyle`); unset: none.
         evaluation_protocol: ``argmax`` (the model's own predictions) or ``linear_probe`` (a
             linear classifier on the frozen featurizer, trained on a seeded labelled share of each
             evaluated domain: on the target it reads target labels, and the summary says so);
@@ -117,6 +119,7 @@ class ExperimentConfig(BaseModel):
     id_evaluation: Literal[ID_EVALUATION_SITES] = "server"
     augmentation: Literal[tuple(AUGMENTATIONS)] | None = None
     input_scaling: Literal[INPUT_SCALINGS] | None = None
+    mixstyle: bool | None = None
     evaluation_protocol: Literal[EVALUATION_PROTOCOLS] | None = None
     linear_probe: LinearProbe | None = None
     protocol: Literal[PROTOCOLS] | None = None

@@ -18,6 +18,10 @@ Named transforms (:data:`AUGMENTATIONS`); each takes the channel count and the i
   0.5 (brightness, contrast and saturation 0.4, hue 0.1) with probability 0.8, grayscale with
   probability 0.2; no Gaussian blur, as the paper drops it at 32 px. Grey images get the crop
   and the flip only.
+- ``amplitude_mix``: Amplitude Mix (FACT, Xu et al. 2021, Eq. 2-3; MCGDM's Table 6): each image
+  keeps its Fourier phase and takes the amplitude spectrum (1 − λ) A(x_i) + λ A(x_j) of itself and
+  a random other image j of the batch, λ ~ U(0, 1) per image (FACT's ratio η = 1); a batch-level
+  augmentation, since it mixes images.
 """
 
 from __future__ import annotations
@@ -45,12 +49,39 @@ def _simclr(channels: int, side: int) -> v2.Transform:
     return v2.Compose(geometric + colour)
 
 
-AUGMENTATIONS: dict[str, Callable[[int, int], v2.Transform]] = {
+def amplitude_mix(images: torch.Tensor, ratio: float = 1.0) -> torch.Tensor:
+    """FACT's Amplitude Mix of a batch, drawing from torch's global generator.
+
+    Args:
+        images: ``uint8 [B, C, H, W]``.
+        ratio: η, the upper end of λ ~ U(0, η).
+
+    Returns:
+        ``uint8 [B, C, H, W]``: per image the inverse FFT of its phase with the mixed amplitude,
+        rounded and clipped to 0..255.
+    """
+    if len(images) < 2:
+        return images.clone()
+    spectrum = torch.fft.fft2(images.to(torch.float64))
+    amplitude, phase = spectrum.abs(), spectrum.angle()
+    partners = torch.randperm(len(images))
+    mix = (torch.rand(len(images), 1, 1, 1, dtype=torch.float64) * ratio)
+    mixed = (1 - mix) * amplitude + mix * amplitude[partners]
+    restored = torch.fft.ifft2(torch.polar(mixed, phase)).real
+    return restored.round().clamp(0, 255).to(torch.uint8)
+
+
+AUGMENTATIONS: dict[str, Callable[[int, int], v2.Transform] | None] = {
     "flip_crop": _flip_crop,
     "randaugment": _randaugment,
     "simclr": _simclr,
+    "amplitude_mix": None,
 }
-"""Name -> builder ``(channels, side) -> transform`` of one ``uint8 [C, H, W]`` image."""
+"""Name -> builder ``(channels, side) -> transform`` of one ``uint8 [C, H, W]`` image; ``None``
+for a batch-level augmentation (:data:`BATCH_AUGMENTATIONS`)."""
+
+BATCH_AUGMENTATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"amplitude_mix": amplitude_mix}
+"""Name -> function of a whole ``uint8 [B, C, H, W]`` batch, for augmentations that mix images."""
 
 
 class AugmentationError(ValueError):
@@ -88,8 +119,10 @@ class Augmentation:
         Returns:
             ``views`` tensors ``uint8 [B, C, H, W]``, each image transformed with its own draws.
         """
-        transform = AUGMENTATIONS[self.name](int(images.shape[1]), int(images.shape[-1]))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
+            if self.name in BATCH_AUGMENTATIONS:
+                return [BATCH_AUGMENTATIONS[self.name](images) for _ in range(self.views)]
+            transform = AUGMENTATIONS[self.name](int(images.shape[1]), int(images.shape[-1]))
             return [torch.stack([transform(image) for image in images]) if len(images) else images.clone()
                     for _ in range(self.views)]

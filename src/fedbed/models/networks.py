@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from fedbed.models.mixstyle import insert_mixstyle
+
 
 class DomainClassifier(nn.Module):
     """``classifier(featurizer(x))`` with both parts reachable by name.
@@ -178,6 +180,7 @@ def build_model(
     input_shape: tuple[int, int, int],
     num_classes: int,
     pretrained_weights: Path | None = None,
+    mixstyle: bool = False,
 ) -> DomainClassifier:
     """Build a model by name: its featurizer and a linear classifier on top.
 
@@ -187,6 +190,7 @@ def build_model(
         num_classes: outputs of the classifier; 1 for a regression head.
         pretrained_weights: for ResNets only, a local torchvision ImageNet state-dict file
             (never downloaded).
+        mixstyle: insert MixStyle layers (:func:`fedbed.models.mixstyle.insert_mixstyle`).
 
     Raises:
         ModelError: unknown name, a shape the model cannot take, or weights that do not load.
@@ -208,4 +212,9 @@ def build_model(
         raise ModelError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
     if pretrained_weights is not None and not name.startswith("resnet"):
         raise ModelError(f"pretrained weights are supported for resnet18/resnet50 only, not {name}")
+    if mixstyle:
+        try:
+            featurizer = insert_mixstyle(name, featurizer)
+        except ValueError as error:
+            raise ModelError(str(error)) from None
     return DomainClassifier(featurizer, nn.Linear(dim, num_classes), dim)
