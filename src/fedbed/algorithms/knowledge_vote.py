@@ -37,13 +37,13 @@ import torch
 from torch import nn
 
 from fedbed.algorithms.fedavg import FedAvgStrategy
-from fedbed.algorithms.local_training import LocalTrainingHyperparameters, make_optimizer
+from fedbed.algorithms.local_training import LocalTrainingHyperparameters, train_locally
 from fedbed.algorithms.registry import TrainingBudget
-from fedbed.federation.local_data import UnlabeledImages
+from fedbed.federation.local_data import ClientData, UnlabeledImages
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
 from fedbed.federation.strategy import ServerStrategy
 from fedbed.gradients import weighted_average
-from fedbed.seeding import seeded_generator
+from fedbed.seeding import derive_seed, seeded_generator
 
 ADAPTATION_PURPOSE = 0xADA
 """Mixed into the target model's seeds (batch order) so they differ from every other draw."""
@@ -116,26 +116,12 @@ class KnowledgeVoteAdaptation(ServerStrategy):
             outputs.append(torch.softmax(self.target.outputs_of(self._model), dim=1))
         return torch.stack(outputs)
 
-    def _train_target_model(self, start: nn.Module, images: torch.Tensor, labels: torch.Tensor, round_number: int) -> nn.Module:
-        """Eq. 10: the global model fine-tuned on the pseudo-labelled images."""
+    def _train_target_model(self, start: nn.Module, pseudo_labelled: ClientData, round_number: int) -> nn.Module:
+        """Eq. 10: the global model fine-tuned on the pseudo-labelled images (cross-entropy
+        against their pseudo-labels) with the method's client optimiser and local budget."""
         model = copy.deepcopy(start)
-        model.train()
-        optimizer = make_optimizer(model.parameters(), self.hparams)
-        generator = seeded_generator(self.seed, ADAPTATION_PURPOSE, round_number)
-        steps, epoch = 0, 0
-        while (self.budget.local_epochs is None or epoch < self.budget.local_epochs) and \
-                (self.budget.local_steps is None or steps < self.budget.local_steps):
-            order = torch.randperm(len(labels), generator=generator)
-            for start_index in range(0, len(labels), self.budget.batch_size):
-                index = order[start_index : start_index + self.budget.batch_size]
-                loss = nn.functional.cross_entropy(model(self.target.model_input(images[index])), labels[index])
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                steps += 1
-                if self.budget.local_steps is not None and steps >= self.budget.local_steps:
-                    break
-            epoch += 1
+        train_locally(model, pseudo_labelled, self.hparams, self.budget, seeded_generator(self.seed, ADAPTATION_PURPOSE, round_number),
+                      lambda batch: nn.functional.cross_entropy(model(batch.inputs), batch.targets))
         return model
 
     def aggregate(self, round_number: int, replies: dict[int, Reply]) -> RoundSummary:
@@ -147,9 +133,11 @@ class KnowledgeVoteAdaptation(ServerStrategy):
         count = int(kept.sum())
         if count:
             global_model = self.inner.global_model()
-            with torch.random.fork_rng():
-                torch.manual_seed(int(seeded_generator(self.seed, ADAPTATION_PURPOSE, round_number, 1).initial_seed()))
-                target_model = self._train_target_model(global_model, self.target.images[kept], pseudo_labels[kept], round_number)
+            pseudo_labelled = ClientData(self.target.images[kept], pseudo_labels[kept], torch.zeros(count, dtype=torch.long),
+                                         scaling=self.target.scaling)
+            with torch.random.fork_rng():  # dropout draws of the target model, seeded per round
+                torch.manual_seed(derive_seed(self.seed, ADAPTATION_PURPOSE, round_number, 1))
+                target_model = self._train_target_model(global_model, pseudo_labelled, round_number)
             sources = sum(reply.num_examples for reply in replies.values())
             global_model.load_state_dict(weighted_average([global_model.state_dict(), target_model.state_dict()], [sources, count]))
         summary.telemetry["pseudo_labels"] = pseudo_labels.tolist()
