@@ -158,12 +158,28 @@ def test_table_5_alignments_run_and_align(alignment):
     same = alternative_alignment(alignment, model, x, x, y, heads, 0.1)
     if alignment == "kl":
         assert same["align"].item() == pytest.approx(0.0, abs=1e-7)  # identical views agree exactly
+    if alignment == "cofc":
+        # By hand: a zero head gives uniform probabilities, so its cross-entropy is log 2 whatever
+        # the features; the mean over two such heads too.
+        zero = {"weight": torch.zeros(2, 4), "bias": torch.zeros(2)}
+        assert alternative_alignment("cofc", model, x, x, y, [zero, zero], 0.1)["align"].item() == pytest.approx(math.log(2))
+        assert alternative_alignment("cofc", model, x, x, y, [], 0.1)["align"].item() == 0.0  # round 1: no heads
     with pytest.raises(ValueError, match="unknown alignment"):
         alternative_alignment("mmd", model, x, x, y, heads, 0.1)
 
 
 def test_an_alternative_alignment_trains_end_to_end(tmp_path):
-    summary = run_experiment(ExperimentConfig(algorithm="mcgdm", model="lenet", rounds=2, local_steps=2, batch_size=16,
-                                              hp={"alignment": "cofc", "client_lr": 0.01}, run_dir=tmp_path),
-                             progress=False, echo=lambda *_: None)
-    assert summary["hp"]["alignment"] == "cofc" and summary["rounds"] == 2
+    run_experiment(ExperimentConfig(algorithm="mcgdm", model="lenet", rounds=2, local_steps=2, batch_size=16,
+                                    hp={"alignment": "cofc", "client_lr": 0.01}, run_dir=tmp_path),
+                   progress=False, echo=lambda *_: None)
+    first, second = [json.loads(line)["metrics"] for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert first["mean_align"] == 0.0 and second["mean_align"] > 0  # the heads of round 1 reached round 2
+    assert "mean_intra" not in second and "mean_inter" not in second
+
+
+def test_the_runs_augmentation_setting_is_refused_for_mcgdm(tmp_path):
+    from fedbed.config import ConfigError
+
+    with pytest.raises(ConfigError, match="mcgdm draws its own augmented views"):
+        run_experiment(ExperimentConfig(algorithm="mcgdm", model="lenet", augmentation="flip_crop", run_dir=tmp_path),
+                       progress=False, echo=lambda *_: None)

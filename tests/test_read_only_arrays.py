@@ -7,30 +7,11 @@ import json
 
 import torch
 
-from fedbed.algorithms.fedavg import FedAvgStrategy
+from fedbed.algorithms.mcgdm import MCGDMStrategy
 from fedbed.algorithms.local_training import SupervisedTrainer
 from fedbed.federation.engine import check_reply, client_updates
 from fedbed.federation.messages import Payload, Reply
 from tests.conftest import build_federation
-
-
-class SendsEveryoneTheLastHeads(FedAvgStrategy):
-    """FedAvg that also sends each client the previous round's classifier head of every client
-    (MCGDM's server, Eq. 9) as read-only arrays."""
-
-    def initialize(self, model, clients):
-        super().initialize(model, clients)
-        self.heads = {}
-
-    def configure_round(self, round_number, selected):
-        payloads = super().configure_round(round_number, selected)
-        for payload in payloads.values():
-            payload.read_only_arrays = {f"head{c}/{name}": t for c, head in self.heads.items() for name, t in head.items()}
-        return payloads
-
-    def aggregate(self, round_number, replies):
-        self.heads = {c: {n: t.clone() for n, t in r.arrays.items() if n.startswith("classifier.")} for c, r in replies.items()}
-        return super().aggregate(round_number, replies)
 
 
 class ReadsTheHeads(SupervisedTrainer):
@@ -55,7 +36,7 @@ def test_a_strategy_sends_read_only_arrays_and_the_round_counts_their_bytes(tmp_
 
     ReadsTheHeads.seen = []
     federation = build_federation(trainer_class=ReadsTheHeads)
-    strategy = SendsEveryoneTheLastHeads()
+    strategy = MCGDMStrategy()  # FedAvg that also sends every client's previous head read-only (MCGDM Eq. 9)
     strategy.initialize(federation.strategy.global_model(), [])
     federation.strategy = strategy
     run_rounds(federation, rounds=2, seed=0, participation_fraction=1.0, eval_every=1, run_dir=tmp_path, progress=False)

@@ -10,6 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from fedbed.cli import app
+from fedbed.config import ConfigError
 from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.plots import plot_sweep
 from fedbed.results import query_rounds
@@ -162,6 +163,11 @@ def test_variants_change_one_factor_of_base_and_label_the_runs(tmp_path):
     assert len({j.run_dir for j in jobs}) == 3
     with pytest.raises(ValueError, match="set per job"):
         tiny_spec(variants={"bad": {"seed": 3}})
+    # A variant that only spells out a default is the baseline run again: refused, not mislabelled.
+    same = tiny_spec(algorithms=["fedavg"], targets=["0"], seeds=[0], hp={},
+                     variants={"today": {}, "adam": {"hp": {"client_optimizer": "adam"}}})
+    with pytest.raises(ConfigError, match="variant 'adam' and variant 'today'.*give the same run"):
+        expand(same, tmp_path)
     run_sweep(spec, tmp_path, progress=False)
     from fedbed.results import query_runs
 

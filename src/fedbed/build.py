@@ -112,6 +112,7 @@ class BuiltRun:
             statement["adaptation_note"] = ("the server holds the adaptation share's images without labels; "
                                             "ood accuracy is measured on the disjoint test share")
         return statement
+
     @property
     def input_scaling(self) -> str:
         """The run's input scaling (``imagenet`` unless the config says otherwise)."""
@@ -218,8 +219,15 @@ def build_run(config: ExperimentConfig) -> BuiltRun:
     augmentation = Augmentation(config.augmentation) if config.augmentation else None
     context = AlgorithmContext(model_factory=model_factory, budget=budget, seed=config.seed, task=dataset.task,
                                augmentation=augmentation)
-    if resolved.evaluation_protocol == "linear_probe" and dataset.task != "classification":
-        raise ConfigError(f"the linear_probe evaluation needs class labels; {dataset.name} is a regression task")
+    if resolved.evaluation_protocol == "linear_probe":
+        if dataset.task != "classification":
+            raise ConfigError(f"the linear_probe evaluation needs class labels; {dataset.name} is a regression task")
+        sizes = {dataset.domain_names[d]: len(idx) for d, idx in split.holdout.items()}
+        sizes.update({f"{dataset.domain_names[d]} (target)": int((dataset.domains[ood_indices] == d).sum()) for d in split.target_domains})
+        small = {name: size for name, size in sizes.items() if size < 2}
+        if small:
+            raise ConfigError(f"the linear probe needs at least two samples of each evaluated domain; too few in {small}: "
+                              "raise holdout_fraction or lower adaptation_fraction")
     return BuiltRun(config, algorithm, hparams, dataset, split, partitions, ood_indices, model_name, context, initial_model,
                     adaptation_indices, resolved.evaluation_protocol)
 

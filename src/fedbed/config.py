@@ -67,8 +67,9 @@ class ExperimentConfig(BaseModel):
             Flower's federated evaluation; the scores are equal, see
             :mod:`fedbed.federation.client_evaluation`). The ood score is always the server's.
         augmentation: a named augmentation applied to every training batch
-            (:mod:`fedbed.data.augmentation`: ``flip_crop``, ``randaugment``, ``simclr``), seeded
-            per round, client and batch; unset: none (a method may ask for its own views).
+            (:mod:`fedbed.data.augmentation`: ``flip_crop``, ``randaugment``, ``simclr``,
+            ``amplitude_mix``), seeded per round, client and batch; unset: none. Refused for a
+            method that draws its own views (MCGDM: its hyperparameter ``augmentation``).
         input_scaling: how pixels become model input
             (:func:`fedbed.federation.local_data.to_model_input`): ``imagenet`` (DomainBed's, the
             default: RGB normalised with the ImageNet mean and std, grey scaled to [0, 1]),
@@ -216,6 +217,9 @@ def validate(config: ExperimentConfig) -> ResolvedNames:
         raise ConfigError(str(error)) from None
     if config.model is not None and config.model not in MODELS:
         raise ConfigError(f"unknown model {config.model!r}; choose one of {', '.join(MODELS)}")
+    if config.augmentation is not None and algorithm.draws_its_own_views:
+        raise ConfigError(f"{algorithm.name} draws its own augmented views (its hyperparameter 'augmentation'); "
+                          f"remove the run's augmentation setting or set --hp augmentation={config.augmentation}")
     evaluation_protocol = config.evaluation_protocol or algorithm.evaluation_protocol
     if evaluation_protocol == "linear_probe" and config.id_evaluation == "clients":
         raise ConfigError("the linear_probe evaluation trains its probes on the server; use id_evaluation: server")

@@ -143,15 +143,25 @@ def expand(spec: SweepSpec, sweep_dir: Path) -> list[ExperimentConfig]:
         raise ConfigError(str(error)) from None
     targets = list(dataset.domain_names) if spec.targets == "all" else list(spec.targets)
     jobs = []
-    variants = list(spec.variants.values()) or [{}]
-    for seed, target, algorithm, variant in itertools.product(spec.seeds, targets, spec.algorithms, variants):
+    variants = list(spec.variants.items()) or [(None, {})]
+    made_by: dict[str, str] = {}
+    for seed, target, algorithm, (name, variant) in itertools.product(spec.seeds, targets, spec.algorithms, variants):
         grid = spec.hp.get(algorithm, {})
         names = sorted(grid)
-        for values in itertools.product(*(grid[name] for name in names)):
+        for values in itertools.product(*(grid[key] for key in names)):
             hp = {**spec.base.get("hp", {}), **variant.get("hp", {}), **dict(zip(names, values))}
             settings = {**spec.base, **variant}
             config = config_from_mapping({**settings, "algorithm": algorithm, "target": target, "seed": seed, "hp": hp})
-            validate(config)
+            resolved = validate(config)
+            # Two variants (or grid values) that resolve to the same run would share a folder or
+            # be told apart only by how they were spelled: refused.
+            computed = json.dumps({**config.model_dump(mode="json", exclude=set(PLACEMENT_SETTINGS) | {"hp"}),
+                                   "hp": resolved.hparams.model_dump(mode="json")}, sort_keys=True)
+            this = f"variant {name!r}" if name is not None else "the sweep"
+            if computed in made_by:
+                raise ConfigError(f"{this} and {made_by[computed]} give the same run ({algorithm}, target {target}, "
+                                  f"seed {seed}) once defaults are filled in; drop one of them")
+            made_by[computed] = f"{this} ({dict(zip(names, values)) or 'no grid value'})"
             jobs.append(config.model_copy(update={"run_dir": sweep_dir / config_hash(config)}))
     return jobs
 

@@ -12,7 +12,8 @@ Under ``protocol: domain_adaptation`` with ``target_adaptation: knowledge_vote``
    the lower class index); an image no model is confident on gets no pseudo-label this round;
 4. a target model, starting from the aggregated global model, is trained on the pseudo-labelled
    images with cross-entropy against the hard pseudo-labels (Eq. 10) for the run's local budget
-   with the method's client optimiser;
+   with the method's client optimiser at its base learning rate (a per-round schedule of the
+   method's clients, such as MCGDM's cosine decay, is not applied to it);
 5. the global model becomes the sample-weighted average of the source models' average (weight
    Σ n_k) and the target model (weight: the number of pseudo-labelled images), i.e. Eq. 9 with
    the target model as one more client.
@@ -141,7 +142,6 @@ class KnowledgeVoteAdaptation(ServerStrategy):
             sources = sum(reply.num_examples for reply in replies.values())
             global_model.load_state_dict(weighted_average([global_model.state_dict(), target_model.state_dict()], [sources, count]))
         summary.telemetry["pseudo_labels"] = pseudo_labels.tolist()
-        summary.metrics["pseudo_labelled_fraction"] = count / max(len(pseudo_labels), 1)
         return summary
 
     def global_model(self) -> nn.Module:

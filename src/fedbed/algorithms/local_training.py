@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -182,23 +183,28 @@ class SupervisedTrainer(ClientTrainer):
 
     def local_parameters(self, state: dict[str, Any]) -> list[torch.Tensor]:
         """Tensors of the client's persistent ``state`` trained alongside the model and never
-        sent (FedSR's class priors); none by default. They are made trainable for the round
-        and frozen again after it, so the state at rest holds no autograd history."""
+        sent (FedSR's class priors); none by default. :meth:`fit` trains them on a copy of the
+        state that replaces the state only when the round succeeds (a client that fails keeps
+        its state as it was, on every backend), frozen again, so the state at rest holds no
+        autograd history."""
         return []
 
     def fit(self, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
         model = self.model
         model.load_state_dict(payload.arrays)
         generator = torch.Generator().manual_seed(int(payload.config["batch_seed"]))
-        local = [tensor.requires_grad_(True) for tensor in self.local_parameters(state)]
+        working = copy.deepcopy(state)
+        local = [tensor.requires_grad_(True) for tensor in self.local_parameters(working)]
         loss = train_locally(
             model, data, self.hparams, self.budget, generator,
-            lambda batch: self.batch_loss(model, batch, payload, state), local,
+            lambda batch: self.batch_loss(model, batch, payload, working), local,
             augmentation=self.augmentation, augmentation_seed=augmentation_seed(payload),
             augment_inputs=self.augmentation is not None,
         )
         for tensor in local:
             tensor.requires_grad_(False)
+        state.clear()
+        state.update(working)
         return Reply(arrays=clone_arrays(model.state_dict()), num_examples=len(data), metrics={"loss": loss})
 
 

@@ -67,6 +67,8 @@ class Algorithm(ABC):
             replace the general defaults and are themselves replaced by the user's values.
         evaluation_protocol: how the method's representation is scored unless the config says
             otherwise (``argmax``, or ``linear_probe`` for self-supervised methods).
+        draws_its_own_views: the method augments its batches itself (its own hyperparameter
+            names the augmentation), so the run's ``augmentation`` setting is refused for it.
     """
 
     name: ClassVar[str]
@@ -75,6 +77,7 @@ class Algorithm(ABC):
     pooled: ClassVar[bool] = False
     dataset_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
     evaluation_protocol: ClassVar[str] = "argmax"
+    draws_its_own_views: ClassVar[bool] = False
 
     def wrap_model(self, model: DomainClassifier, hparams: Any) -> DomainClassifier:
         """The model the method trains, built around the protocol's model (unchanged by default;

@@ -20,8 +20,9 @@ Named transforms (:data:`AUGMENTATIONS`); each takes the channel count and the i
   and the flip only.
 - ``amplitude_mix``: Amplitude Mix (FACT, Xu et al. 2021, Eq. 2-3; MCGDM's Table 6): each image
   keeps its Fourier phase and takes the amplitude spectrum (1 − λ) A(x_i) + λ A(x_j) of itself and
-  a random other image j of the batch, λ ~ U(0, 1) per image (FACT's ratio η = 1); a batch-level
-  augmentation, since it mixes images.
+  image j of the batch, j drawn by a random permutation (an image may draw itself, as in FACT's
+  shuffled batch), λ ~ U(0, 1) per image (FACT's ratio η = 1); a batch-level augmentation, since
+  it mixes images.
 """
 
 from __future__ import annotations

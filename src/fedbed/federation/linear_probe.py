@@ -89,7 +89,8 @@ class LinearProbe(BaseModel):
 
     def _train(self, features: torch.Tensor, labels: torch.Tensor, num_classes: int, generator: torch.Generator) -> nn.Linear:
         """A linear classifier ``[d] -> [num_classes]`` trained with Adam on frozen features."""
-        probe = nn.Linear(features.shape[1], num_classes)
+        with torch.random.fork_rng():  # nn.Linear's own initialisation must not move the run's draws
+            probe = nn.Linear(features.shape[1], num_classes)
         with torch.no_grad():
             bound = 1.0 / math.sqrt(features.shape[1])
             probe.weight.copy_(torch.rand(probe.weight.shape, generator=generator) * 2 * bound - bound)

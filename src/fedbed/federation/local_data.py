@@ -68,8 +68,9 @@ class Batch:
 @dataclass(frozen=True)
 class UnlabeledImages:
     """Images without labels: what the server holds of the target domain under the
-    ``domain_adaptation`` protocol. The type has no labels attribute at all, so no code given
-    one can read a label.
+    ``domain_adaptation`` protocol. An object of this exact type has no labels attribute at all,
+    so no code given one can read a label (:class:`ClientData` extends it with labels; the
+    server receives :meth:`ClientData.without_labels`, a plain ``UnlabeledImages``).
 
     Attributes:
         images: ``uint8 [n, C, H, W]`` pixels, scaled on use with ``scaling``; a tensor of any

@@ -35,6 +35,10 @@ class Payload:
             back (other clients' heads, the global model's last change, models to score): no
             reply check, loading, averaging or alignment telemetry sees them; the round's
             communication telemetry counts their bytes.
+
+    A client treats every tensor of its payload as read-only: in-process the tensors may be
+    shared with the server's state and with the other clients' payloads (on Flower each client
+    gets its own copy), so editing one in place would make the backends differ.
     """
 
     arrays: dict[str, torch.Tensor]

@@ -26,13 +26,14 @@ class ServerStrategy(ABC):
       round with the reason logged (:func:`fedbed.federation.engine.check_reply`), and the
       alignment telemetry measures ``reply − payload`` over them. Anything else the client
       should read goes into ``read_only_arrays`` (never checked, averaged or measured; its bytes
-      are counted) or, for scalars, ``config``. The engine adds ``round`` and ``batch_seed`` to
-      ``config``.
+      are counted) or, for scalars, ``config``. The engine adds ``round``, ``rounds`` (the run's
+      total) and ``batch_seed`` to ``config``.
     - :meth:`aggregate` receives only the replies that passed the checks.
     - Everything the strategy needs to continue goes into :meth:`state_dict`, saved after every
-      round; a run resumed from it must equal an uninterrupted run bit for bit. The strategy draws
-      its random numbers from torch's global generator, which the engine seeds before
-      :meth:`initialize`, or from generators seeded from the run's seed and the round.
+      round; a run resumed from it must equal an uninterrupted run bit for bit. torch's global
+      generator is not checkpointed: the strategy may draw from it in :meth:`initialize` (the
+      engine seeds it just before), and otherwise only from generators seeded from the run's
+      seed and the round.
     - The strategy never sees a client's samples or its persistent state.
 
     Attributes:

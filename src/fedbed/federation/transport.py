@@ -30,8 +30,8 @@ class TransportError(RuntimeError):
 def fit_client(trainer: ClientTrainer, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
     """One client's local training for one round, seeded from ``payload.config["batch_seed"]``.
 
-    The engine puts ``round`` and ``batch_seed`` (derived from the run's seed, the round and the
-    client id) into every payload's config; seeding torch's global generator from it makes
+    The engine puts ``round``, ``rounds`` (the run's total) and ``batch_seed`` (derived from the
+    run's seed, the round and the client id) into every payload's config; seeding torch's global generator from it makes
     dropout and any other global draw of the client reproducible wherever the client runs.
 
     Raises:

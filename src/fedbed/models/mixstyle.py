@@ -3,8 +3,8 @@ the samples of a batch, as a layer inserted into a featurizer (MCGDM's Baseline,
 
 In training mode, with probability ``p`` per batch, each sample's feature map ``[C, H, W]`` is
 normalised by its own channel means and standard deviations (over H and W, detached) and
-re-styled with a convex mix of its statistics and those of a random other sample of the batch,
-λ ~ Beta(α, α) per sample (the paper's Algorithm 1, "random shuffle" variant). Defaults:
+re-styled with a convex mix of its statistics and those of the sample a random permutation of
+the batch assigns it (possibly itself, as in the paper's shuffle), λ ~ Beta(α, α) per sample (the paper's Algorithm 1, "random shuffle" variant). Defaults:
 p = 0.5, α = 0.1, ε = 1e-6 (the paper's). In evaluation mode it is the identity. Its draws come
 from torch's global generator, which the engine seeds per round and client.
 
