@@ -98,3 +98,25 @@ def build_federation(dataset=None, target="d3", algorithm="fedavg", trainer_clas
     torch.manual_seed(1)
     federation.strategy.initialize(factory(), client_infos(partitions))
     return federation
+
+
+def corrupt_adaptation_labels(monkeypatch, shift: int = 1) -> None:
+    """Make every later in-process run shift the labels of its target's adaptation share by
+    ``shift`` classes (on a copy: the loaded dataset is cached for later runs), so a test can
+    check that nothing but the log reads them."""
+    import dataclasses
+
+    import fedbed.build as build
+    import fedbed.experiment as experiment
+
+    original = build.build_run
+
+    def build_then_corrupt(config):
+        built = original(config)
+        labels = built.dataset.labels.clone()
+        labels[built.adaptation_indices] = (labels[built.adaptation_indices] + shift) % built.dataset.num_classes
+        assert not torch.equal(labels, built.dataset.labels)
+        built.dataset = dataclasses.replace(built.dataset, labels=labels)
+        return built
+
+    monkeypatch.setattr(experiment, "build_run", build_then_corrupt)

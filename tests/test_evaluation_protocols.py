@@ -4,7 +4,6 @@ labels; their labels are never read)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -19,6 +18,7 @@ from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.federation.linear_probe import LinearProbe
 from fedbed.federation.local_data import ClientData, UnlabeledImages
 from fedbed.models import DomainClassifier
+from tests.conftest import corrupt_adaptation_labels
 
 
 def quiet(config, **options):
@@ -119,24 +119,10 @@ def test_domain_adaptation_gives_the_server_unlabelled_images_and_tests_on_the_r
 
 def test_the_adaptation_share_labels_are_never_read(tmp_path, monkeypatch):
     """Corrupting the labels of the target's adaptation share changes nothing of the run."""
-    import fedbed.build as build
-
     monkeypatch.setitem(ALGORITHMS, "adapting", Adapting)
     settings = dict(algorithm="adapting", model="lenet", rounds=1, local_steps=2, batch_size=16, protocol="domain_adaptation")
     clean = quiet(ExperimentConfig(run_dir=tmp_path / "clean", **settings))
-    original_build = build.build_run
-
-    def build_then_corrupt(config):
-        built = original_build(config)
-        labels = built.dataset.labels.clone()  # a copy: the loaded dataset is cached for later runs
-        labels[built.adaptation_indices] = (labels[built.adaptation_indices] + 1) % built.dataset.num_classes
-        assert not torch.equal(labels, built.dataset.labels)
-        built.dataset = dataclasses.replace(built.dataset, labels=labels)
-        return built
-
-    import fedbed.experiment as experiment
-
-    monkeypatch.setattr(experiment, "build_run", build_then_corrupt)
+    corrupt_adaptation_labels(monkeypatch)
     corrupted = quiet(ExperimentConfig(run_dir=tmp_path / "corrupted", **settings))
     assert corrupted["selection"] == clean["selection"]
     logs = [[json.loads(line)["metrics"] for line in (tmp_path / r / "rounds.jsonl").read_text().splitlines()]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 from fedbed.algorithms.knowledge_vote import knowledge_vote
 from fedbed.config import ConfigError
 from fedbed.experiment import ExperimentConfig, run_experiment
+from tests.conftest import corrupt_adaptation_labels
 
 
 def test_the_vote_by_hand():
@@ -37,19 +37,7 @@ SETTINGS = dict(model="lenet", rounds=3, local_steps=8, batch_size=32, hp={"clie
 
 def test_training_never_reads_the_adaptation_labels(tmp_path, monkeypatch):
     clean = quiet(ExperimentConfig(run_dir=tmp_path / "clean", **SETTINGS))
-    import fedbed.build as build
-    import fedbed.experiment as experiment
-
-    original = build.build_run
-
-    def corrupted_labels(config):
-        built = original(config)
-        labels = built.dataset.labels.clone()  # a copy: the loaded dataset is cached for later runs
-        labels[built.adaptation_indices] = (labels[built.adaptation_indices] + 3) % built.dataset.num_classes
-        built.dataset = dataclasses.replace(built.dataset, labels=labels)
-        return built
-
-    monkeypatch.setattr(experiment, "build_run", corrupted_labels)
+    corrupt_adaptation_labels(monkeypatch, shift=3)
     corrupted = quiet(ExperimentConfig(run_dir=tmp_path / "corrupted", **SETTINGS))
     logs = {name: [json.loads(line) for line in (tmp_path / name / "rounds.jsonl").read_text().splitlines()]
             for name in ("clean", "corrupted")}
