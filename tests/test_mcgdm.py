@@ -11,7 +11,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from fedbed.algorithms.mcgdm import MCGDMStrategy, cosine_learning_rate, matching_losses, previous_heads_of
+from fedbed.algorithms.local_training import cosine_learning_rate
+from fedbed.algorithms.mcgdm import MCGDMStrategy, matching_losses, previous_heads_of
 from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.federation.messages import ClientInfo, Reply
 from fedbed.models import DomainClassifier

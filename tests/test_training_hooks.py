@@ -89,3 +89,27 @@ def test_the_batch_loss_sees_payload_batch_and_client_state():
     assert not hasattr(trainer, "_prior") and set(vars(trainer)) == {"hparams", "budget", "task", "augmentation", "model"}
     # A zero-weighted loss leaves the model where it was (Adam with weight decay still decays it, so compare the loss).
     assert reply.metrics["loss"] == 0.0
+
+
+def test_the_cosine_schedule_sets_each_rounds_learning_rate():
+    """Round 1 of a cosine schedule trains exactly as the constant rate ``client_lr`` and the
+    last round exactly as the constant rate ``client_final_lr``; a middle round logs its rate."""
+    fedavg = get_algorithm("fedavg")
+    context = AlgorithmContext(lambda: small_model((1, 8, 8), 2), TrainingBudget(batch_size=8, local_steps=3), seed=0)
+    torch.manual_seed(0)
+    sent = {name: tensor.clone() for name, tensor in small_model((1, 8, 8), 2).state_dict().items()}
+    data = client_data()
+
+    def trained(round_number: int, **hparams):
+        trainer = SupervisedTrainer(fedavg.hyperparameters(client_optimizer="sgd", **hparams), context)
+        return trainer.fit(Payload(dict(sent), {"batch_seed": 7, "round": round_number, "rounds": 5}), data, {})
+
+    cosine = dict(client_lr_schedule="cosine", client_lr=0.1, client_final_lr=0.01)
+    first, last, middle = trained(1, **cosine), trained(5, **cosine), trained(3, **cosine)
+    assert (first.metrics["lr"], last.metrics["lr"]) == (0.1, 0.01)
+    assert middle.metrics["lr"] == 0.01 + (0.1 - 0.01) / 2
+    for scheduled, constant_lr in ((first, 0.1), (last, 0.01)):
+        constant = trained(3, client_lr=constant_lr)
+        assert "lr" not in constant.metrics
+        assert all(torch.equal(scheduled.arrays[name], constant.arrays[name]) for name in sent)
+    assert not torch.equal(first.arrays["classifier.weight"], last.arrays["classifier.weight"])

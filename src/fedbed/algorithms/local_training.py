@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -26,12 +27,53 @@ class LocalTrainingHyperparameters(Hyperparameters):
     FedAvg on PACS (``hfedf.txt``, Table 10) and DomainBed's default optimiser and learning rate.
     hFedF's Algorithm 2 writes plain gradient steps; ``client_optimizer=sgd`` (with
     ``client_momentum``) follows it literally.
+
+    Attributes:
+        client_optimizer: ``adam`` or ``sgd``.
+        client_lr: the learning rate (of round 1 under a schedule).
+        client_weight_decay: L2 weight decay of the optimiser.
+        client_momentum: SGD's momentum (ignored by Adam).
+        client_lr_schedule: ``constant``, or ``cosine``: a decay across the run's rounds from
+            ``client_lr`` to ``client_final_lr`` (:func:`cosine_learning_rate`; MCGDM's
+            Implementation Details, ``mcgdm.md``).
+        client_final_lr: the learning rate of the last round under the ``cosine`` schedule
+            (unused by ``constant``).
     """
 
     client_optimizer: Literal["adam", "sgd"] = "adam"
     client_lr: float = Field(1e-3, gt=0)
     client_weight_decay: float = Field(1e-4, ge=0)
     client_momentum: float = Field(0.0, ge=0, lt=1)
+    client_lr_schedule: Literal["constant", "cosine"] = "constant"
+    client_final_lr: float = Field(1e-4, gt=0)
+
+
+def cosine_learning_rate(round_number: int, rounds: int, initial: float, final: float) -> float:
+    """The learning rate of round ``round_number`` (1-based) of ``rounds`` under a cosine decay
+    from ``initial`` (round 1) to ``final`` (round ``rounds``):
+    final + (initial − final)(1 + cos(π (t − 1) / (R − 1))) / 2; ``initial`` for a single round.
+
+    MCGDM (``mcgdm.md``, Implementation Details) "decayed by the cosine schedule from 0.001 to
+    0.0001 during training", read per round.
+    """
+    if rounds <= 1:
+        return initial
+    progress = (round_number - 1) / (rounds - 1)
+    return final + (initial - final) * (1.0 + math.cos(math.pi * progress)) / 2.0
+
+
+def round_hyperparameters(hparams: LocalTrainingHyperparameters, payload: Payload) -> LocalTrainingHyperparameters:
+    """``hparams`` with the learning rate of this round under ``client_lr_schedule``.
+
+    The round and the run's total come from the engine's payload config (``round``, ``rounds``),
+    so a resumed run continues the schedule exactly; a resumption that changes the total number
+    of rounds changes the schedule from then on.
+    """
+    if hparams.client_lr_schedule == "constant":
+        return hparams
+    lr = cosine_learning_rate(int(payload.config["round"]), int(payload.config["rounds"]),
+                              hparams.client_lr, hparams.client_final_lr)
+    return hparams.model_copy(update={"client_lr": lr})
 
 
 def make_optimizer(parameters, hparams: LocalTrainingHyperparameters) -> torch.optim.Optimizer:
@@ -195,8 +237,9 @@ class SupervisedTrainer(ClientTrainer):
         generator = torch.Generator().manual_seed(int(payload.config["batch_seed"]))
         working = copy.deepcopy(state)
         local = [tensor.requires_grad_(True) for tensor in self.local_parameters(working)]
+        hparams = round_hyperparameters(self.hparams, payload)
         loss = train_locally(
-            model, data, self.hparams, self.budget, generator,
+            model, data, hparams, self.budget, generator,
             lambda batch: self.batch_loss(model, batch, payload, working), local,
             augmentation=self.augmentation, augmentation_seed=augmentation_seed(payload),
             augment_inputs=self.augmentation is not None,
@@ -205,7 +248,8 @@ class SupervisedTrainer(ClientTrainer):
             tensor.requires_grad_(False)
         state.clear()
         state.update(working)
-        return Reply(arrays=clone_arrays(model.state_dict()), num_examples=len(data), metrics={"loss": loss})
+        metrics = {"loss": loss} if hparams is self.hparams else {"loss": loss, "lr": hparams.client_lr}
+        return Reply(arrays=clone_arrays(model.state_dict()), num_examples=len(data), metrics=metrics)
 
 
 class SupervisedAlgorithm(Algorithm):

@@ -30,8 +30,10 @@ Readings where the paper leaves a choice (each tested):
   scale; the classification term is the usual mean).
 - **Learning rate.** "decayed by the cosine schedule from 0.001 to 0.0001 during training", read
   per round: round t of R trains at lr_min + (lr_max − lr_min)(1 + cos(π (t − 1) / (R − 1))) / 2, so
-  round 1 uses 1e-3 and round R 1e-4; the client reads t and R from the engine's payload config,
-  so a resumed run continues the schedule exactly (a resumption that changes R changes it).
+  round 1 uses 1e-3 and round R 1e-4 (the shared ``client_lr_schedule: cosine`` of
+  :mod:`fedbed.algorithms.local_training`, MCGDM's default, which any supervised method can use:
+  Table 4's Baseline is FedAvg with the same schedule); the client reads t and R from the
+  engine's payload config, so a resumed run continues the schedule exactly.
 
 The alternative alignments of Table 5 replace both matching terms by one term between x and A(x)
 (``alignment``; the loss is then ½(CE(x) + CE(A(x))) + alignment_weight · L_align):
@@ -57,7 +59,6 @@ A(x) alone); + intra, + inter, both = the switches.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 import torch
@@ -71,6 +72,7 @@ from fedbed.algorithms.local_training import (
     SupervisedAlgorithm,
     SupervisedTrainer,
     augmentation_seed,
+    round_hyperparameters,
     train_locally,
 )
 from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
@@ -88,7 +90,7 @@ class MCGDMHyperparameters(LocalTrainingHyperparameters):
 
     Attributes:
         matching_lambda: λ of Eq. 8, the weight of L_intra against L_inter (PACS 0.3).
-        final_lr: the learning rate the cosine schedule reaches at the last round (1e-4).
+        client_lr_schedule: ``cosine`` (from ``client_lr`` 1e-3 to ``client_final_lr`` 1e-4).
         use_intra: include L_intra (Table 4's ablation).
         use_inter: include L_inter (Table 4's ablation).
         include_own_head: whether Eq. 5's sum includes the client's own previous head.
@@ -103,7 +105,8 @@ class MCGDMHyperparameters(LocalTrainingHyperparameters):
     client_lr: float = Field(1e-3, gt=0)
     client_momentum: float = Field(0.9, ge=0, lt=1)
     client_weight_decay: float = Field(5e-4, ge=0)
-    final_lr: float = Field(1e-4, gt=0)
+    client_lr_schedule: Literal["constant", "cosine"] = "cosine"
+    client_final_lr: float = Field(1e-4, gt=0)
     matching_lambda: float = Field(0.3, ge=0, le=1)
     use_intra: bool = True
     use_inter: bool = True
@@ -112,15 +115,6 @@ class MCGDMHyperparameters(LocalTrainingHyperparameters):
     alignment: Literal["gradient", "kl", "supcon", "cofc"] = "gradient"
     alignment_weight: float = Field(1.0, ge=0)
     supcon_temperature: float = Field(0.1, gt=0)
-
-
-def cosine_learning_rate(round_number: int, rounds: int, initial: float, final: float) -> float:
-    """The learning rate of round ``round_number`` (1-based) of ``rounds`` under a cosine decay
-    from ``initial`` (round 1) to ``final`` (round ``rounds``); ``initial`` for a single round."""
-    if rounds <= 1:
-        return initial
-    progress = (round_number - 1) / (rounds - 1)
-    return final + (initial - final) * (1.0 + math.cos(math.pi * progress)) / 2.0
 
 
 def flat(tensors) -> torch.Tensor:
@@ -243,7 +237,7 @@ class MCGDMTrainer(SupervisedTrainer):
     def fit(self, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
         hparams, model = self.hparams, self.model
         model.load_state_dict(payload.arrays)
-        lr = cosine_learning_rate(int(payload.config["round"]), int(payload.config["rounds"]), hparams.client_lr, hparams.final_lr)
+        round_hparams = round_hyperparameters(hparams, payload)
         gradient = hparams.alignment == "gradient"
         heads = previous_heads_of(payload) if (hparams.use_inter or hparams.alignment == "cofc") else []
         logged = ("intra", "inter") if gradient else ("align",)
@@ -268,9 +262,9 @@ class MCGDMTrainer(SupervisedTrainer):
             return loss
 
         generator = torch.Generator().manual_seed(int(payload.config["batch_seed"]))
-        loss = train_locally(model, data, hparams.model_copy(update={"client_lr": lr}), self.budget, generator, batch_loss,
+        loss = train_locally(model, data, round_hparams, self.budget, generator, batch_loss,
                              augmentation=Augmentation(hparams.augmentation), augmentation_seed=augmentation_seed(payload))
-        metrics = {"loss": loss, "lr": lr, **{term: total / max(batches[0], 1) for term, total in sums.items()}}
+        metrics = {"loss": loss, "lr": round_hparams.client_lr, **{term: total / max(batches[0], 1) for term, total in sums.items()}}
         return Reply(arrays=clone_arrays(model.state_dict()), num_examples=len(data), metrics=metrics)
 
 
@@ -333,4 +327,4 @@ class MCGDM(SupervisedAlgorithm):
         return MCGDMStrategy(context.seed, hparams.include_own_head)
 
 
-__all__ = ["MCGDM", "MCGDMStrategy", "MCGDMTrainer", "cosine_learning_rate", "matching_losses"]
+__all__ = ["MCGDM", "MCGDMStrategy", "MCGDMTrainer", "matching_losses"]
