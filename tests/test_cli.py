@@ -26,6 +26,9 @@ runner = CliRunner()
         (["--hp", "oops"], "--hp expects key=value"),
         (["--data-root", "/nonexistent/folder"], "does not exist"),
         (["--id-evaluation", "site"], "id_evaluation: Input should be 'server' or 'clients'"),
+        (["--dataset", "PACS"], "PACS has no default target domain; give one (--target or target:) of art_painting,"),
+        (["--local-epochs", "1", "--local-steps", "1"], "give local_epochs or local_steps, not both"),
+        (["--overwrite", "--resume"], "--overwrite deletes the run that --resume would continue"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(arguments, message, tmp_path):
@@ -164,4 +167,35 @@ def test_resume_and_run_directory_guards(tmp_path):
     base = ["run", "--rounds", "1", "--local-steps", "1", "--run-dir", str(run_dir), "--no-progress", "--model", "lenet"]
     assert runner.invoke(app, base).exit_code == 0
     result = runner.invoke(app, [*base, "--resume", "--algorithm", "ppdg"])
-    assert result.exit_code == 2 and "differ in algorithm" in result.output
+    assert result.exit_code == 2 and "settings differ (algorithm: 'fedavg' there, 'ppdg' here" in result.output
+
+
+def test_a_run_with_other_settings_is_never_replaced_without_overwrite(tmp_path):
+    run_dir = tmp_path / "run"
+    base = ["run", "--rounds", "1", "--local-steps", "1", "--run-dir", str(run_dir), "--no-progress"]
+    assert runner.invoke(app, base).exit_code == 0
+    finished = (run_dir / "summary.json").read_text()
+    result = runner.invoke(app, [*base, "--seed", "3"])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert "holds a run with other settings (seed: 0 there, 3 here); choose another --run-dir, or pass --overwrite" in result.output
+    assert (run_dir / "summary.json").read_text() == finished
+    same = runner.invoke(app, base)  # the same settings again: the run is redone in place, and said so
+    assert same.exit_code == 0 and "replacing the earlier run with the same settings" in same.output
+    assert runner.invoke(app, [*base, "--seed", "3", "--overwrite"]).exit_code == 0
+    assert json.loads((run_dir / "summary.json").read_text())["seed"] == 3
+
+
+def test_names_are_stored_in_their_canonical_spelling(tmp_path, monkeypatch):
+    from fedbed.config import config_from_mapping
+
+    typed = config_from_mapping({"dataset": "pacs", "algorithm": "MCGDM", "target": "Photo"})
+    assert (typed.dataset, typed.algorithm, typed.target) == ("PACS", "mcgdm", "photo")
+    monkeypatch.chdir(tmp_path)
+    Path("run.yaml").write_text("dataset: rotatedmnist\nalgorithm: FedAvg\ntarget: 15\nrounds: 1\nlocal_steps: 1\n")
+    result = runner.invoke(app, ["run", "--config", "run.yaml", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    run_dir = Path("runs") / "RotatedMNIST" / "fedavg" / "15" / "seed0"
+    stored = yaml.safe_load((run_dir / "config.yaml").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (stored["dataset"], stored["algorithm"], stored["target"]) == ("RotatedMNIST", "fedavg", "15")
+    assert (summary["dataset"], summary["algorithm"], summary["target"]) == ("RotatedMNIST", "fedavg", "15")

@@ -30,3 +30,62 @@ def test_table_and_pairing():
     table = ood_table(runs, ["a", "b"], ["t1", "t2"], "last")
     assert "| a | 15.0 ± 7.1 | 30.0 | 22.5 |" in table and "± std over seeds" in table
     assert paired_pairs(runs, "a", "b", "last") == ([10, 30], [5, 7])
+
+
+def write_sweep(folder, runs, grid):
+    """A sweep folder with a record varying ``grid`` and one run folder per (algorithm, hp, target, seed, id, ood)."""
+    import json
+
+    import yaml
+
+    folder.mkdir()
+    (folder / "sweep.yaml").write_text(yaml.safe_dump({"name": "s", "algorithms": ["ppdg", "fedavg"], "hp": grid}))
+    for number, (algorithm, hp, target, seed, id_score, ood) in enumerate(runs):
+        run = folder / f"run{number}"
+        run.mkdir()
+        scores = {rule: {"id_mean": id_score, "ood_mean": ood} for rule in ("last", "train_domain_val", "oracle")}
+        (run / "config.yaml").write_text(yaml.safe_dump({"algorithm": algorithm, "hp": hp}))
+        (run / "summary.json").write_text(json.dumps({"algorithm": algorithm, "hp": hp, "target": target, "seed": seed,
+                                                       "selection": scores}))
+
+
+def test_select_hparams_chooses_by_source_validation_per_target(tmp_path):
+    from fedbed.reporting import sweep_tables
+
+    runs = [  # lambda 0.1 wins target a on id (mean 80 vs 75) though its ood is lower; lambda 1.0 wins target b
+        ("ppdg", {"lam": 0.1}, "a", 0, 78, 10), ("ppdg", {"lam": 0.1}, "a", 1, 82, 12),
+        ("ppdg", {"lam": 1.0}, "a", 0, 75, 50), ("ppdg", {"lam": 1.0}, "a", 1, 75, 52),
+        ("ppdg", {"lam": 0.1}, "b", 0, 60, 30), ("ppdg", {"lam": 1.0}, "b", 0, 70, 20),
+        ("fedavg", {}, "a", 0, 70, 40), ("fedavg", {}, "b", 0, 70, 40),
+    ]
+    write_sweep(tmp_path / "sweep", runs, {"ppdg": {"lam": [0.1, 1.0]}})
+    plain = sweep_tables(tmp_path / "sweep", "last")
+    assert [row[0] for row in plain["ood"][1:]] == ["fedavg", "ppdg(lam=0.1)", "ppdg(lam=1.0)"]
+    tables = sweep_tables(tmp_path / "sweep", "last", select_hparams=True)
+    assert [row[0] for row in tables["ood"][1:]] == ["fedavg", "ppdg"]
+    assert tables["ood"][2][1:] == ["11.0 ± 1.4", "20.0", "15.5"]  # target a: lambda 0.1's ood; target b: lambda 1.0's
+    choices = {(row[0], row[1]): row[2] for row in tables["selected_hyperparameters"][1:]}
+    assert choices == {("fedavg", "a"): "fedavg", ("fedavg", "b"): "fedavg",
+                       ("ppdg", "a"): "ppdg(lam=0.1)", ("ppdg", "b"): "ppdg(lam=1.0)"}
+    with pytest.raises(ValueError, match="source-domain validation"):
+        sweep_tables(tmp_path / "sweep", "oracle", select_hparams=True)
+
+
+def test_csv_report_is_tidy_numbers(tmp_path):
+    import csv
+    import io
+
+    from typer.testing import CliRunner
+
+    from fedbed.cli import app
+
+    runs = [("fedavg", {}, "a", 0, 70, 10.0), ("fedavg", {}, "a", 1, 72, 12.0), ("fedavg", {}, "b", 0, 60, 30.0)]
+    write_sweep(tmp_path / "sweep", runs, {})
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--selection", "last", "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    records = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert list(records[0]) == ["label", "algorithm", "target", "selection", "metric", "mean", "std", "se", "n"]
+    ood_a = next(r for r in records if r["target"] == "a" and r["metric"] == "ood")
+    assert (float(ood_a["mean"]), float(ood_a["std"]), ood_a["n"]) == (11.0, pytest.approx(math.sqrt(2)), "2")
+    ood_b = next(r for r in records if r["target"] == "b" and r["metric"] == "ood")
+    assert ood_b["std"] == "" and ood_b["se"] == "" and len(records) == 4

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedbed.config import ConfigError, ExperimentConfig
+from fedbed.config import ConfigError, ExperimentConfig, validate
 from fedbed.federation.transport import TransportError as BackendError
 
 BACKENDS = ("in-process", "flower-sim", "flower-deployment")
@@ -16,14 +16,27 @@ BACKENDS = ("in-process", "flower-sim", "flower-deployment")
 __all__ = ["BACKENDS", "BackendError", "run_on_backend"]
 
 
-def run_on_backend(config: ExperimentConfig, backend: str, **options: Any) -> dict[str, Any]:
+def run_on_backend(config: ExperimentConfig, backend: str, *, overwrite: bool = False, **options: Any) -> dict[str, Any]:
     """Run ``config`` in-process (the default), on ``flower-sim`` or on ``flower-deployment``;
     return the run's summary.
 
+    The run directory is checked before any data is loaded or any Flower process starts
+    (:func:`fedbed.experiment.check_run_dir`); with ``overwrite`` an earlier run there is deleted.
+
     Raises:
-        ConfigError: an unknown backend or invalid settings.
+        ConfigError: an unknown backend, invalid settings, or a run directory holding another run.
         BackendError: a Flower run failed.
     """
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    from fedbed.experiment import check_run_dir, recorded_settings, remove_run
+
+    names = validate(config)
+    run_dir = config.resolved_run_dir()
+    if overwrite:
+        remove_run(run_dir)
+    resume = bool(options.get("resume", False))
+    check_run_dir(run_dir, recorded_settings(config, config.model or names.dataset.default_model, names.hparams), resume)
     if backend == "in-process":
         from fedbed.experiment import run_experiment
 
@@ -36,4 +49,4 @@ def run_on_backend(config: ExperimentConfig, backend: str, **options: Any) -> di
         from fedbed.flower.deployment import run_flower_deployment
 
         return run_flower_deployment(config, **options)
-    raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    raise AssertionError(backend)  # every name of BACKENDS is dispatched above

@@ -53,6 +53,7 @@ def run(
     hp: Annotated[Optional[list[str]], typer.Option(help="Algorithm hyperparameter key=value (repeatable).")] = None,
     run_dir: Annotated[Optional[Path], typer.Option(help="Output folder of the run.")] = None,
     resume: Annotated[bool, typer.Option(help="Continue the run in its run directory from its checkpoint.")] = False,
+    overwrite: Annotated[bool, typer.Option(help="Replace an earlier run with other settings in the run directory.")] = False,
     progress: Annotated[bool, typer.Option(help="Show the progress bar.")] = True,
     backend: Annotated[str, typer.Option(help="Where clients run: in-process, flower-sim or flower-deployment.")] = "in-process",
     tls: Annotated[bool, typer.Option(help="flower-deployment: self-signed CA and certificates, TLS everywhere.")] = False,
@@ -67,7 +68,7 @@ def run(
     from fedbed.data import dataset_spec
     from fedbed.data.base import DataError
     from fedbed.backends import BACKENDS, BackendError, run_on_backend
-    from fedbed.config import ConfigError, config_from_mapping, load_config_file, validate
+    from fedbed.config import ConfigError, config_from_mapping, load_config_file, override_settings, validate
     from fedbed.federation.engine import EngineError
     from fedbed.federation.evaluation import format_domain_table
 
@@ -78,6 +79,8 @@ def run(
             raise ConfigError(f"--resume works in-process only: on {backend} the client states live on the clients' nodes")
         if tls and backend != "flower-deployment":
             raise ConfigError("--tls applies to --backend flower-deployment only")
+        if overwrite and resume:
+            raise ConfigError("--overwrite deletes the run that --resume would continue; give one of them")
         values = load_config_file(config) if config is not None else {}
         flags = {
             "dataset": dataset,
@@ -92,11 +95,11 @@ def run(
             "run_dir": run_dir,
             "id_evaluation": id_evaluation,
         }
-        values.update({k: v for k, v in flags.items() if v is not None})
+        values = override_settings(values, {k: v for k, v in flags.items() if v is not None})
         if hp:
             values["hp"] = {**values.get("hp", {}), **parse_hp(hp)}
-        targets = [values.get("target", "0")]
-        if targets == ["all"]:
+        targets = [values.get("target")]
+        if str(targets[0]).lower() == "all":
             targets = list(dataset_spec(values.get("dataset", "RotatedMNIST")).domain_names)
             if "run_dir" in values:
                 fail("--target all writes one run directory per target; drop --run-dir")
@@ -108,7 +111,7 @@ def run(
     for each in configs:
         try:
             options = {"tls": tls} if tls else {"resume": resume} if backend == "in-process" else {}
-            summary = run_on_backend(each, backend, progress=progress, echo=typer.echo, **options)
+            summary = run_on_backend(each, backend, overwrite=overwrite, progress=progress, echo=typer.echo, **options)
         except ConfigError as error:
             fail(str(error))
         except (EngineError, BackendError) as error:
@@ -264,26 +267,41 @@ def report(
     selection: Annotated[str, typer.Option(help="Model selection: last, train_domain_val or oracle.")] = "train_domain_val",
     spread: Annotated[str, typer.Option(help="'std' (over seeds) or 'se' (standard error).")] = "std",
     baseline: Annotated[Optional[str], typer.Option(help="Label to t-test every other label against.")] = None,
-    format: Annotated[str, typer.Option(help="markdown, latex or csv.")] = "markdown",
+    format: Annotated[str, typer.Option(
+        help="markdown, latex, or csv (tidy rows: label, algorithm, target, selection, metric, mean, std, se, n).")] = "markdown",
     output: Annotated[Optional[Path], typer.Option(help="Also write the tables to this file.")] = None,
     html: Annotated[Optional[Path], typer.Option(help="Write a self-contained HTML report (tables + plots) here.")] = None,
+    select_hparams: Annotated[bool, typer.Option(
+        help="Per method and target, keep the hyperparameters with the best id (source) validation, as DomainBed.")] = False,
 ) -> None:
     """Tables of a sweep: algorithms x targets, mean ± std or ± SE over seeds, paired t-tests."""
     from fedbed.federation.evaluation import SELECTION_RULES
-    from fedbed.reporting import RENDERERS, evaluation_notes, html_report, mixed_code_warning, sweep_tables
+    from fedbed.reporting import (
+        RENDERERS,
+        evaluation_notes,
+        html_report,
+        mixed_code_warning,
+        report_summaries,
+        sweep_tables,
+        tidy_rows,
+        to_csv,
+    )
 
     if selection not in SELECTION_RULES:
         fail(f"unknown selection {selection!r}; choose one of {', '.join(SELECTION_RULES)}")
     if spread not in ("std", "se"):
         fail(f"--spread must be 'std' or 'se', got {spread!r}")
-    if format not in RENDERERS:
-        fail(f"unknown format {format!r}; choose one of {', '.join(RENDERERS)}")
+    if format not in (*RENDERERS, "csv"):
+        fail(f"unknown format {format!r}; choose one of {', '.join(RENDERERS)}, csv")
     try:
-        tables = sweep_tables(sweep_dir, selection, spread, baseline)
+        tables = sweep_tables(sweep_dir, selection, spread, baseline, select_hparams)
+        if format == "csv":
+            text = to_csv(tidy_rows(report_summaries(sweep_dir, selection, select_hparams)[0], selection)).rstrip("\n")
+        else:
+            text = "\n\n".join(RENDERERS[format](rows) for rows in tables.values())
     except ValueError as error:
         fail(str(error))
     notes = evaluation_notes(sweep_dir)
-    text = "\n\n".join(RENDERERS[format](rows) for rows in tables.values())
     if notes and format == "markdown":
         text += "\n\n" + "\n".join(notes)
     typer.echo(text)

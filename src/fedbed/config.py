@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedbed.algorithms import Algorithm, AlgorithmError, Hyperparameters, get_algorithm, resolve_hyperparameters
 from fedbed.data import DataError, dataset_spec, resolve_data_root
@@ -38,13 +38,15 @@ class ExperimentConfig(BaseModel):
     """Every setting of one run (leave-one-domain-out, one target domain).
 
     Attributes:
-        dataset: a name from ``fedbed datasets``.
-        target: the held-out target domain's name.
-        algorithm: a registered algorithm name.
+        dataset: a name from ``fedbed datasets`` (any case; stored in its canonical spelling).
+        target: the held-out target domain's name (any case; a YAML number is read as its
+            digits; stored in the dataset's spelling); unset: the dataset's natural default
+            (RotatedMNIST: ``0``), and an error for a dataset without one.
+        algorithm: a registered algorithm name (any case; stored as registered).
         rounds: communication rounds R (>= 1).
-        local_epochs: local epochs per round (exclusive with ``local_steps``; default 2, hFedF's
-            Sec. 5.1).
-        local_steps: local batches per round instead of epochs.
+        local_epochs: local epochs per round (default 2, hFedF's Sec. 5.1).
+        local_steps: local batches per round instead of epochs; giving both ``local_epochs``
+            and ``local_steps`` is an error.
         batch_size: samples per local batch (hFedF Sec. 5.1 and DomainBed: 64).
         seed: drives splits, partitions, sampling, initialisation and batch order.
         data_root: dataset folder (else ``$FEDBED_DATA``, else the embedded MNIST sample).
@@ -98,7 +100,7 @@ class ExperimentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     dataset: str = "RotatedMNIST"
-    target: str = "0"
+    target: str | None = None
     algorithm: str = "fedavg"
     rounds: int = Field(15, gt=0)
     local_epochs: int | None = Field(2, gt=0)
@@ -129,9 +131,42 @@ class ExperimentConfig(BaseModel):
     hp: dict[str, Any] = Field(default_factory=dict)
     run_dir: Path | None = None
 
+    @field_validator("target", mode="before")
+    @classmethod
+    def _number_as_domain_name(cls, target: Any) -> Any:
+        # YAML reads `target: 15` as a number; RotatedMNIST's domains are named by their digits.
+        if isinstance(target, bool):
+            return target
+        if isinstance(target, int) or (isinstance(target, float) and target.is_integer()):
+            return str(int(target))
+        return target
+
+    @model_validator(mode="after")
+    def _canonical_names(self) -> "ExperimentConfig":
+        # Names typed in any case are stored as the catalog and the registry spell them, so the
+        # run folder, config.yaml, summary.json and result filters agree. Unknown names stay as
+        # typed: validate() reports them with the choices.
+        try:
+            spec = dataset_spec(self.dataset)
+        except DataError:
+            return self
+        self.dataset = spec.name
+        if self.target is None:
+            self.target = spec.default_target
+        elif self.target.lower() != "all":
+            self.target = spec.domain_named(self.target) or self.target
+        try:
+            self.algorithm = get_algorithm(self.algorithm).name
+        except AlgorithmError:
+            pass
+        return self
+
     @model_validator(mode="after")
     def _one_budget(self) -> "ExperimentConfig":
         if self.local_steps is not None:
+            if self.local_epochs is not None and "local_epochs" in self.model_fields_set:
+                raise ValueError(f"give local_epochs or local_steps, not both (got local_epochs={self.local_epochs}, "
+                                 f"local_steps={self.local_steps})")
             self.local_epochs = None
         if self.local_epochs is None and self.local_steps is None:
             raise ValueError("give local_epochs or local_steps")
@@ -145,7 +180,23 @@ class ExperimentConfig(BaseModel):
     def resolved_run_dir(self) -> Path:
         if self.run_dir is not None:
             return self.run_dir
-        return Path("runs") / self.dataset / self.algorithm / self.target / f"seed{self.seed}"
+        return Path("runs") / self.dataset / self.algorithm / str(self.target) / f"seed{self.seed}"
+
+
+BUDGET_SETTINGS = ("local_epochs", "local_steps")
+"""The two ways to give the local budget; a change that names one replaces the other."""
+
+
+def override_settings(settings: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` updated by ``changes`` (flags over a config file, a sweep variant over its
+    base); ``changes`` that give one local budget drop the other from ``settings``, so a file's
+    ``local_epochs`` does not conflict with a flag's ``local_steps``."""
+    merged = dict(settings)
+    for key, other in (BUDGET_SETTINGS, BUDGET_SETTINGS[::-1]):
+        if changes.get(key) is not None and other not in changes:
+            merged.pop(other, None)
+    merged.update(changes)
+    return merged
 
 
 def config_from_mapping(values: dict[str, Any]) -> ExperimentConfig:
@@ -161,6 +212,8 @@ def config_from_mapping(values: dict[str, Any]) -> ExperimentConfig:
         key = ".".join(str(part) for part in first["loc"]) or "config"
         if first["type"] == "extra_forbidden":
             raise ConfigError(f"unknown setting {key!r}; known settings: {', '.join(ExperimentConfig.model_fields)}") from None
+        if first["type"] == "value_error" and not first["loc"]:  # a rule across settings: its message says it all
+            raise ConfigError(str(first["msg"]).removeprefix("Value error, ")) from None
         raise ConfigError(f"{key}: {first['msg']} (got {first.get('input')!r})") from None
 
 
@@ -206,6 +259,9 @@ def validate(config: ExperimentConfig) -> ResolvedNames:
     """
     try:
         spec = dataset_spec(config.dataset)
+        if config.target is None:
+            raise ConfigError(f"{spec.name} has no default target domain; give one (--target or target:) of "
+                              f"{', '.join(spec.domain_names)}")
         if config.target not in spec.domain_names:
             raise ConfigError(
                 f"{spec.name} has no domain {config.target!r}; its domains are {', '.join(spec.domain_names)}"

@@ -41,47 +41,99 @@ __all__ = [
     "RESUMABLE_CHANGES",
     "SUMMARY_NAME",
     "build_run",
+    "check_run_dir",
     "config_from_mapping",
     "execute_run",
     "load_config_file",
     "prepare_run_dir",
+    "recorded_settings",
+    "remove_run",
     "run_experiment",
     "validate",
 ]
 
 
-def prepare_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool, echo) -> None:
-    """Check and create the run directory before anything is written into it.
+def recorded_settings(config: ExperimentConfig, model_name: str, hparams: Any) -> dict[str, Any]:
+    """The settings ``config.yaml`` records: ``config`` with the model built and every
+    hyperparameter (defaults, the paper's values for the dataset, the user's) filled in."""
+    return {**config.model_dump(mode="json"), "model": model_name, "hp": hparams.model_dump(mode="json")}
 
-    Without ``resume``, an earlier FedBed run in ``run_dir`` (a folder holding ``config.yaml``)
-    is replaced; any other non-empty folder is refused. With ``resume``, the folder must hold a
-    checkpoint of a run whose settings equal ``resolved`` except for :data:`RESUMABLE_CHANGES`.
+
+def settings_differences(run_dir: Path, resolved: dict[str, Any], allowed: frozenset[str]) -> list[str]:
+    """How the run recorded in ``run_dir`` differs from ``resolved`` outside the ``allowed``
+    settings, one ``"key: <there> there, <here> here"`` per setting (empty when they agree)."""
+    stored = yaml.safe_load((run_dir / CONFIG_NAME).read_text()) if (run_dir / CONFIG_NAME).exists() else {}
+    return [f"{key}: {stored.get(key)!r} there, {resolved.get(key)!r} here"
+            for key in sorted(set(stored) | set(resolved)) if key not in allowed and stored.get(key) != resolved.get(key)]
+
+
+def check_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool) -> None:
+    """Whether a run with settings ``resolved`` may use ``run_dir``, checked before anything
+    is written or started.
+
+    Without ``resume``: an empty or absent folder, or one holding an earlier run with the same
+    settings (except :data:`PLACEMENT_SETTINGS`), which the run replaces. With ``resume``: a
+    folder holding a checkpoint of a run whose settings equal ``resolved`` except for
+    :data:`RESUMABLE_CHANGES`.
 
     Raises:
-        ConfigError: a non-empty folder that is not a run, or a resumption that cannot continue.
+        ConfigError: a non-empty folder that is not a run, an earlier run with other settings
+            (it is never replaced silently: :func:`remove_run` it first, ``--overwrite``), or a
+            resumption that cannot continue.
     """
     if resume:
         if not (run_dir / CHECKPOINT_NAME).exists():
             raise ConfigError(f"cannot resume: {run_dir / CHECKPOINT_NAME} does not exist; run without --resume")
-        stored = yaml.safe_load((run_dir / CONFIG_NAME).read_text()) if (run_dir / CONFIG_NAME).exists() else {}
-        changed = sorted(k for k in set(stored) | set(resolved) if k not in RESUMABLE_CHANGES and stored.get(k) != resolved.get(k))
+        changed = settings_differences(run_dir, resolved, RESUMABLE_CHANGES)
         if changed:
             raise ConfigError(
-                f"cannot resume {run_dir}: its settings differ in {', '.join(changed)}; only "
+                f"cannot resume {run_dir}: its settings differ ({'; '.join(changed)}); only "
                 f"{', '.join(sorted(RESUMABLE_CHANGES))} may change (or run without --resume)"
             )
         return
     if run_dir.exists() and any(run_dir.iterdir()):
         if not (run_dir / CONFIG_NAME).exists():
             raise ConfigError(f"{run_dir} is not empty and holds no FedBed run; choose another --run-dir")
-        echo(f"replacing the earlier run in {run_dir} (use --resume to continue it)")
-        shutil.rmtree(run_dir)
+        changed = settings_differences(run_dir, resolved, PLACEMENT_SETTINGS)
+        if changed:
+            raise ConfigError(f"{run_dir} holds a run with other settings ({'; '.join(changed)}); choose another "
+                              "--run-dir, or pass --overwrite to replace it")
+
+
+def remove_run(run_dir: Path) -> None:
+    """Delete the FedBed run in ``run_dir`` (``--overwrite``); nothing if the folder is absent.
+
+    Raises:
+        ConfigError: a non-empty folder that holds no FedBed run (it is never deleted).
+    """
+    if not run_dir.exists() or not any(run_dir.iterdir()):
+        return
+    if not (run_dir / CONFIG_NAME).exists():
+        raise ConfigError(f"{run_dir} is not empty and holds no FedBed run; choose another --run-dir")
+    shutil.rmtree(run_dir)
+
+
+def prepare_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool, echo) -> None:
+    """Check the run directory (:func:`check_run_dir`) and create it: an earlier run with the
+    same settings is replaced (and the replacement said), a resumed one kept.
+
+    Raises:
+        ConfigError: see :func:`check_run_dir`.
+    """
+    check_run_dir(run_dir, resolved, resume)
+    if not resume and run_dir.exists() and any(run_dir.iterdir()):
+        echo(f"replacing the earlier run with the same settings in {run_dir} (use --resume to continue it)")
+        remove_run(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
 
 
-def run_experiment(config: ExperimentConfig, *, resume: bool = False, progress: bool = True, echo=print) -> dict[str, Any]:
+def run_experiment(config: ExperimentConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
+                   echo=print) -> dict[str, Any]:
     """Train and evaluate one leave-one-domain-out run in this process; write its run directory;
     return the summary.
+
+    An earlier run in the run directory with other settings is refused unless ``overwrite``
+    (:func:`check_run_dir`); with ``overwrite`` it is deleted first.
 
     The run directory holds ``config.yaml`` (resolved), ``rounds.jsonl`` (one line per round),
     ``checkpoint.pt`` (latest round), ``provenance.jsonl`` (the code that started and each time
@@ -94,6 +146,8 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, progress: 
         fedbed.federation.engine.EngineError: a round in which every client failed.
     """
     built = build_run(config)
+    if overwrite and not resume:
+        remove_run(config.resolved_run_dir())
     clients = InProcessClients(built.trainer(), [built.client_data(k) for k in range(len(built.partitions))])
     if config.id_evaluation == "clients":
         clients.evaluator = built.evaluator()
@@ -117,7 +171,7 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
         if key in statement:
             echo(f"evaluation: {statement[key]}")
     run_dir = config.resolved_run_dir()
-    resolved = {**config.model_dump(mode="json"), "model": built.model_name, "hp": built.hparams.model_dump(mode="json")}
+    resolved = recorded_settings(config, built.model_name, built.hparams)
     prepare_run_dir(run_dir, resolved, resume, echo)
     (run_dir / CONFIG_NAME).write_text(yaml.safe_dump(resolved, sort_keys=False))
     echo(

@@ -101,13 +101,36 @@ def to_latex(rows: list[list[str]]) -> str:
     return "\n".join(lines + ["\\hline", "\\end{tabular}"])
 
 
-def to_csv(rows: list[list[str]]) -> str:
-    """CSV text from rows (header first)."""
+def tidy_rows(summaries: list[dict[str, Any]], selection: str) -> list[dict[str, Any]]:
+    """One record per (label, target, metric) with numbers, not formatted text: ``label``,
+    ``algorithm``, ``target``, ``selection``, ``metric`` (``ood`` or ``id``, the run's domain
+    mean, %), ``mean``, ``std`` (ddof = 1), ``se``, ``n`` (seeds); ``std`` and ``se`` are empty
+    for one seed."""
+    groups: dict[tuple[str, str, str], list[float]] = {}
+    algorithms = {}
+    for summary in summaries:
+        algorithms[summary["label"]] = summary["algorithm"]
+        for metric in ("ood", "id"):
+            groups.setdefault((summary["label"], summary["target"], metric), []).append(
+                summary["selection"][selection][f"{metric}_mean"])
+    records = []
+    for (label, target, metric), values in sorted(groups.items()):
+        mean, std, se = mean_std_se(values)
+        records.append({"label": label, "algorithm": algorithms[label], "target": target, "selection": selection,
+                        "metric": metric, "mean": mean, "std": None if math.isnan(std) else std,
+                        "se": None if math.isnan(se) else se, "n": len(values)})
+    return records
+
+
+def to_csv(records: list[dict[str, Any]]) -> str:
+    """CSV text of :func:`tidy_rows` records (a header, then one line per record)."""
     import csv
     import io
 
     buffer = io.StringIO()
-    csv.writer(buffer).writerows(rows)
+    writer = csv.DictWriter(buffer, fieldnames=list(records[0]) if records else ["label"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(records)
     return buffer.getvalue()
 
 
@@ -131,7 +154,9 @@ def paired_pairs(
 
 
 def labelled_summaries(sweep_dir: Path) -> list[dict[str, Any]]:
-    """The summaries below ``sweep_dir``, each with a ``label`` (see :func:`fedbed.results.run_label`)."""
+    """The summaries below ``sweep_dir``, each with a ``label`` (see :func:`fedbed.results.run_label`)
+    and a ``group``: the label without the hyperparameters the sweep's grid varies (the method,
+    and its variant), among whose runs :func:`select_hyperparameters` chooses."""
     from fedbed.results import run_label, sweep_variants, varied_hyperparameters, variant_of
 
     varied, variants = varied_hyperparameters(sweep_dir), sweep_variants(sweep_dir)
@@ -140,9 +165,44 @@ def labelled_summaries(sweep_dir: Path) -> list[dict[str, Any]]:
         summary = json.loads(path.read_text())
         config = yaml.safe_load((path.parent / CONFIG_NAME).read_text()) if variants else {}
         summaries.append(summary)
-        summary["label"] = run_label(summary["algorithm"], summary.get("hp", {}), varied.get(summary["algorithm"], []),
-                                     variant_of(config, variants))
+        variant = variant_of(config, variants)
+        summary["label"] = run_label(summary["algorithm"], summary.get("hp", {}), varied.get(summary["algorithm"], []), variant)
+        summary["group"] = run_label(summary["algorithm"], {}, [], variant)
     return summaries
+
+
+def select_hyperparameters(summaries: list[dict[str, Any]], selection: str) -> tuple[list[dict[str, Any]], list[list[str]]]:
+    """DomainBed's hyperparameter selection (``collect_results``, "training-domain validation"):
+    per group (method and variant) and target domain, the label (hyperparameter values) whose
+    runs have the highest mean id accuracy over seeds, the id accuracy being the source domains'
+    holdouts at the round ``selection`` chooses. The target is never read.
+
+    Args:
+        summaries: :func:`labelled_summaries`.
+        selection: ``last`` or ``train_domain_val``.
+
+    Returns:
+        ``(the chosen runs, relabelled by their group; rows (header first) of the choices)``.
+
+    Raises:
+        ValueError: ``selection`` is ``oracle`` (it would choose by target accuracy).
+    """
+    if selection == "oracle":
+        raise ValueError("--select-hparams chooses by source-domain validation; use --selection last or train_domain_val")
+    candidates: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for summary in summaries:
+        scores = candidates.setdefault((summary["group"], summary["target"]), {})
+        scores.setdefault(summary["label"], []).append(summary["selection"][selection]["id_mean"])
+    chosen = {key: max(scores, key=lambda label: (sum(scores[label]) / len(scores[label]), label))
+              for key, scores in candidates.items()}
+    rows = [[f"selected hyperparameters (highest mean id accuracy, {selection}; source domains only)", "target",
+             "chosen", "id", "candidates"]]
+    for (group, target), label in sorted(chosen.items()):
+        values = candidates[(group, target)][label]
+        rows.append([group, target, label, f"{sum(values) / len(values):.1f}", str(len(candidates[(group, target)]))])
+    kept = [{**summary, "label": summary["group"]} for summary in summaries
+            if chosen[(summary["group"], summary["target"])] == summary["label"]]
+    return kept, rows
 
 
 def t_test_rows(summaries: list[dict[str, Any]], labels: Sequence[str], baseline: str, selection: str) -> list[list[str]]:
@@ -162,17 +222,35 @@ def t_test_rows(summaries: list[dict[str, Any]], labels: Sequence[str], baseline
     return rows
 
 
-def sweep_tables(
-    sweep_dir: Path, selection: str = "train_domain_val", spread: str = "std", baseline: str | None = None
-) -> dict[str, list[list[str]]]:
-    """The report's tables of a sweep folder: ``ood``, ``id`` and, with a baseline, ``t_test``.
+def report_summaries(sweep_dir: Path, selection: str, select_hparams: bool = False
+                     ) -> tuple[list[dict[str, Any]], list[list[str]] | None]:
+    """The labelled summaries a report shows and, with ``select_hparams``, the rows of the
+    hyperparameter choices (:func:`select_hyperparameters`; else ``None``).
 
     Raises:
-        ValueError: no finished run below ``sweep_dir``, or a baseline that is not among the labels.
+        ValueError: no finished run below ``sweep_dir``, or ``select_hparams`` with ``oracle``.
     """
     summaries = labelled_summaries(sweep_dir)
     if not summaries:
         raise ValueError(f"{sweep_dir} holds no finished run (no {SUMMARY_NAME})")
+    if not select_hparams:
+        return summaries, None
+    return select_hyperparameters(summaries, selection)
+
+
+def sweep_tables(
+    sweep_dir: Path, selection: str = "train_domain_val", spread: str = "std", baseline: str | None = None,
+    select_hparams: bool = False,
+) -> dict[str, list[list[str]]]:
+    """The report's tables of a sweep folder: ``ood``, ``id``, with a baseline ``t_test``, and
+    with ``select_hparams`` (:func:`select_hyperparameters`) one row per method and variant
+    holding its chosen hyperparameters per target, plus the ``selected_hyperparameters`` table.
+
+    Raises:
+        ValueError: no finished run below ``sweep_dir``, a baseline that is not among the labels,
+            or ``select_hparams`` with the ``oracle`` selection.
+    """
+    summaries, choices = report_summaries(sweep_dir, selection, select_hparams)
     labels = sorted({s["label"] for s in summaries})
     targets = sorted({s["target"] for s in summaries}, key=lambda t: (len(t), t))
     tables = {kind: score_table(summaries, labels, targets, selection, kind, spread, "label") for kind in ("ood", "id")}
@@ -180,6 +258,8 @@ def sweep_tables(
         if baseline not in labels:
             raise ValueError(f"baseline {baseline!r} is not among the runs' labels: {', '.join(labels)}")
         tables["t_test"] = t_test_rows(summaries, labels, baseline, selection)
+    if choices is not None:
+        tables["selected_hyperparameters"] = choices
     return tables
 
 
@@ -212,7 +292,8 @@ def mixed_code_warning(sweep_dir: Path) -> str | None:
             f"{counts}); their numbers may not be comparable: delete the older run folders and run the sweep again")
 
 
-RENDERERS = {"markdown": to_markdown, "latex": to_latex, "csv": to_csv}
+RENDERERS = {"markdown": to_markdown, "latex": to_latex}
+"""Renderers of the formatted tables; ``csv`` writes :func:`tidy_rows` instead."""
 
 
 def html_report(tables: dict[str, list[list[str]]], images: list[Path], title: str, notes: Sequence[str] = ()) -> str:

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tqdm import tqdm
 
 from fedbed.data import dataset_spec
-from fedbed.config import PLACEMENT_SETTINGS, ConfigError, ExperimentConfig, config_from_mapping, validate
+from fedbed.config import PLACEMENT_SETTINGS, ConfigError, ExperimentConfig, config_from_mapping, override_settings, validate
 from fedbed.experiment import run_experiment
 from fedbed.provenance import run_sources, source_fingerprint
 from fedbed.run_directory import CHECKPOINT_NAME, DONE_MARKER, SUMMARY_NAME, SWEEP_RECORD
@@ -150,7 +150,7 @@ def expand(spec: SweepSpec, sweep_dir: Path) -> list[ExperimentConfig]:
         names = sorted(grid)
         for values in itertools.product(*(grid[key] for key in names)):
             hp = {**spec.base.get("hp", {}), **variant.get("hp", {}), **dict(zip(names, values))}
-            settings = {**spec.base, **variant}
+            settings = override_settings(spec.base, variant)
             config = config_from_mapping({**settings, "algorithm": algorithm, "target": target, "seed": seed, "hp": hp})
             resolved = validate(config)
             # Two variants (or grid values) that resolve to the same run would share a folder or

@@ -25,6 +25,8 @@ class DatasetSpec:
             ``<folder>/<domain>/<class>/<image>`` (empty for datasets built from MNIST).
         default_image_size: side in pixels used when the user gives none.
         default_model: model name (``fedbed.models``) used when the user gives none.
+        default_target: the target domain of a run that names none; ``None`` where the dataset
+            has no natural default (the run must name one).
     """
 
     name: str
@@ -32,6 +34,11 @@ class DatasetSpec:
     folder_names: tuple[str, ...]
     default_image_size: int
     default_model: str
+    default_target: str | None = None
+
+    def domain_named(self, name: str) -> str | None:
+        """The domain whose name equals ``name`` ignoring case, in its canonical spelling, or ``None``."""
+        return next((domain for domain in self.domain_names if domain.lower() == name.lower()), None)
 
     @property
     def packed_key(self) -> str:
@@ -47,7 +54,7 @@ DATASETS: dict[str, DatasetSpec] = {
     for spec in (
         # LeNet, as PPDG's RotatedMNIST protocol (ppdg-gradient-alignment.txt Sec. 4.4); DomainBed's
         # MNIST CNN (``--model mnist_cnn``) is several times slower on a CPU.
-        DatasetSpec("RotatedMNIST", tuple(str(a) for a in ROTATED_MNIST_ANGLES), (), 28, "lenet"),
+        DatasetSpec("RotatedMNIST", tuple(str(a) for a in ROTATED_MNIST_ANGLES), (), 28, "lenet", default_target="0"),
         DatasetSpec("PACS", ("art_painting", "cartoon", "photo", "sketch"), ("PACS",), 32, "hfedf_cnn"),
         DatasetSpec("VLCS", ("Caltech101", "LabelMe", "SUN09", "VOC2007"), ("VLCS",), 32, "hfedf_cnn"),
         DatasetSpec(
