@@ -199,3 +199,10 @@ def test_names_are_stored_in_their_canonical_spelling(tmp_path, monkeypatch):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (stored["dataset"], stored["algorithm"], stored["target"]) == ("RotatedMNIST", "fedavg", "15")
     assert (summary["dataset"], summary["algorithm"], summary["target"]) == ("RotatedMNIST", "fedavg", "15")
+
+
+def test_version():
+    from fedbed import __version__
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"fedbed {__version__}"

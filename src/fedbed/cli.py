@@ -17,6 +17,22 @@ app.add_typer(plot_app, name="plot")
 USAGE_ERROR = 2
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from fedbed import __version__
+
+        typer.echo(f"fedbed {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print FedBed's version and exit.")] = False,
+) -> None:
+    """FedBed: federated domain generalization."""
+
+
 def fail(message: str) -> None:
     """Print one line to stderr and exit with code 2 (bad input), without a traceback."""
     typer.echo(f"error: {message}", err=True)
@@ -210,21 +226,20 @@ def sweep(
 ) -> None:
     """Run a grid of algorithms x targets x seeds x hyperparameters; finished jobs are skipped."""
     from fedbed.config import ConfigError
-    from fedbed.sweep import expand, load_sweep, run_sweep
+    from fedbed.sweep import load_sweep, run_sweep
 
     try:
         spec = load_sweep(sweep_file)
         if data_root is not None:
             spec = spec.model_copy(update={"base": {**spec.base, "data_root": str(data_root)}})
         folder = out or Path("runs") / "sweeps" / spec.name
-        expand(spec, folder)
-        if workers < 1:
-            fail(f"--workers must be at least 1, got {workers}")
+        outcome = run_sweep(spec, folder, workers=workers, progress=progress)
     except ConfigError as error:
         fail(str(error))
-    outcome = run_sweep(spec, folder, workers=workers, progress=progress)
     typer.echo(f"{spec.name}: {outcome['total']} jobs, {outcome['skipped']} already done, {outcome['ran']} run, "
                f"{len(outcome['failed'])} failed; folder {folder}")
+    for line in outcome["data"]:
+        typer.echo(f"data: {line}")
     if outcome["other_code"]:
         typer.echo(f"note: other code than this made {len(outcome['other_code'])} finished job(s), e.g. "
                    f"{outcome['other_code'][0]} (see its provenance.jsonl); to redo them with this code, delete "
@@ -248,7 +263,7 @@ def results(
         key, sep, value = pair.partition("=")
         if not sep:
             fail(f"--where expects column=value, got {pair!r}")
-        filters[key] = value
+        filters[key] = value.lower() if key == "algorithm" else value  # registry names are lower case
     try:
         rows = query_runs(sweep_dir, filters)
     except ResultsError as error:
@@ -259,6 +274,10 @@ def results(
     for row in table:
         typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
     typer.echo(f"{len(rows)} run(s); store: {sweep_dir / 'results.sqlite'}")
+    from fedbed.reporting import collect_summaries, data_sources
+
+    for line in data_sources(collect_summaries(sweep_dir))[0]:
+        typer.echo(f"data: {line}")
 
 
 @app.command()
@@ -273,11 +292,14 @@ def report(
     html: Annotated[Optional[Path], typer.Option(help="Write a self-contained HTML report (tables + plots) here.")] = None,
     select_hparams: Annotated[bool, typer.Option(
         help="Per method and target, keep the hyperparameters with the best id (source) validation, as DomainBed.")] = False,
+    allow_mixed_data: Annotated[bool, typer.Option(help="Report runs that read different data together.")] = False,
 ) -> None:
     """Tables of a sweep: algorithms x targets, mean ± std or ± SE over seeds, paired t-tests."""
     from fedbed.federation.evaluation import SELECTION_RULES
     from fedbed.reporting import (
         RENDERERS,
+        collect_summaries,
+        data_sources,
         evaluation_notes,
         html_report,
         mixed_code_warning,
@@ -301,7 +323,11 @@ def report(
             text = "\n\n".join(RENDERERS[format](rows) for rows in tables.values())
     except ValueError as error:
         fail(str(error))
-    notes = evaluation_notes(sweep_dir)
+    sources, mixed = data_sources(collect_summaries(sweep_dir))
+    if mixed and not allow_mixed_data:
+        fail(f"the runs in {sweep_dir} read different data ({'; '.join(sources)}); report them separately, "
+             "or pass --allow-mixed-data")
+    notes = [f"data: {line}" for line in sources] + evaluation_notes(sweep_dir)
     if notes and format == "markdown":
         text += "\n\n" + "\n".join(notes)
     typer.echo(text)

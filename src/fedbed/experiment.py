@@ -139,7 +139,8 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, overwrite:
     ``checkpoint.pt`` (latest round), ``provenance.jsonl`` (the code that started and each time
     resumed it, :mod:`fedbed.provenance`) and ``summary.json`` (model selection by ``last``,
     ``train_domain_val`` and ``oracle``, the last labelled as such; ``provenance`` repeats the
-    starts).
+    starts; ``data_source`` and ``data_fingerprint`` say which data it read,
+    :attr:`fedbed.data.DomainDataset.fingerprint`).
 
     Raises:
         ConfigError: invalid settings, data that cannot be found or read, a model that does not fit.
@@ -200,6 +201,7 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
     summary = {
         "dataset": dataset.name,
         "data_source": dataset.source,
+        "data_fingerprint": dataset.fingerprint,
         "algorithm": built.algorithm.name,
         "hp": built.hparams.model_dump(mode="json"),
         "target": config.target,

@@ -276,6 +276,24 @@ def evaluation_notes(sweep_dir: Path) -> list[str]:
     return [f"evaluation ({count} run{'s' if count > 1 else ''}): {note}" for note, count in counts.items()]
 
 
+def data_sources(summaries: list[dict[str, Any]]) -> tuple[list[str], bool]:
+    """Which data the runs read: one line per source (its description without folders,
+    :func:`fedbed.data.base.portable_source`, and its fingerprints) with its number of runs, and
+    whether they mix data (more than one source, or more than one fingerprint)."""
+    from fedbed.data.base import portable_source
+
+    runs: dict[str, int] = {}
+    fingerprints: dict[str, set[str]] = {}
+    for summary in summaries:
+        source = portable_source(summary.get("data_source", "unrecorded"))
+        runs[source] = runs.get(source, 0) + 1
+        fingerprints.setdefault(source, set()).update([summary["data_fingerprint"]] if summary.get("data_fingerprint") else [])
+    lines = [f"{source} (fingerprint {', '.join(sorted(fingerprints[source])) or 'unrecorded'}): "
+             f"{count} run{'s' if count > 1 else ''}" for source, count in sorted(runs.items())]
+    mixed = len(runs) > 1 or len(set().union(*fingerprints.values())) > 1
+    return lines, mixed
+
+
 def mixed_code_warning(sweep_dir: Path) -> str | None:
     """One line if the finished runs below ``sweep_dir`` were made by more than one version of
     FedBed's code, counting a run resumed under other code than it began with

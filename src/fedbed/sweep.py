@@ -166,6 +166,36 @@ def expand(spec: SweepSpec, sweep_dir: Path) -> list[ExperimentConfig]:
     return jobs
 
 
+def finished_on_other_data(jobs: list[ExperimentConfig]) -> list[str]:
+    """The finished jobs (``done`` marker) whose summary records other data than the job would
+    read now, one line each: a job made from the embedded MNIST sample is not a result on the
+    full MNIST. The data is compared by its fingerprint
+    (:attr:`fedbed.data.DomainDataset.fingerprint`), or, for a summary made before fingerprints
+    were recorded, by its source description without folders (:func:`fedbed.data.base.portable_source`).
+
+    Raises:
+        ConfigError: the data a finished job's settings name cannot be found now.
+    """
+    from fedbed.data import DataError, load_dataset, resolve_data_root
+    from fedbed.data.base import portable_source
+
+    lines = []
+    for job in jobs:
+        if not (job.run_dir / DONE_MARKER).exists():
+            continue
+        try:
+            dataset = load_dataset(job.dataset, resolve_data_root(job.data_root), job.image_size)
+        except DataError as error:
+            raise ConfigError(str(error)) from None
+        summary = json.loads((job.run_dir / SUMMARY_NAME).read_text())
+        recorded = summary.get("data_fingerprint")
+        if (recorded != dataset.fingerprint) if recorded else (
+                portable_source(summary.get("data_source", "")) != portable_source(dataset.source)):
+            lines.append(f"{job.run_dir}: made from {summary.get('data_source', 'unrecorded data')}, "
+                         f"this sweep reads {dataset.source}")
+    return lines
+
+
 def _run_job(config: ExperimentConfig, threads: int) -> tuple[str, str | None]:
     """Run one job (in a worker process or in this one); return its directory and an error or None."""
     import torch
@@ -192,8 +222,13 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, progress: bool
             several times).
         progress: one overall progress bar (jobs done / total, ETA).
 
+    Raises:
+        ConfigError: finished jobs made from other data than the sweep reads now
+            (:func:`finished_on_other_data`), or ``workers < 1``.
+
     Returns:
-        ``{"total", "skipped", "ran", "failed": {run_dir: error}, "other_code": [run_dir]}``;
+        ``{"total", "skipped", "ran", "failed": {run_dir: error}, "other_code": [run_dir], "data": [line]}``
+        (``data``: :func:`fedbed.reporting.data_sources` of the finished jobs);
         ``other_code`` lists the finished jobs (skipped, or run now from a checkpoint) that other
         code than this one started or resumed (:func:`made_by_other_code`): their numbers may
         differ from what this code gives.
@@ -201,6 +236,10 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, progress: bool
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
     jobs = expand(spec, sweep_dir)
+    other_data = finished_on_other_data(jobs)
+    if other_data:
+        raise ConfigError(f"{len(other_data)} finished job(s) in {sweep_dir} were made from other data than this sweep "
+                          f"reads (e.g. {other_data[0]}); give the data root they used, another --out, or delete them")
     sweep_dir.mkdir(parents=True, exist_ok=True)
     (sweep_dir / SWEEP_RECORD).write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     pending = [job for job in jobs if not (job.run_dir / DONE_MARKER).exists()]
@@ -223,8 +262,12 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, progress: bool
                 bar.update(1)
     bar.close()
     finished = [job.run_dir for job in jobs if (job.run_dir / SUMMARY_NAME).exists()]
+    from fedbed.reporting import data_sources
+
+    summaries = [json.loads((run_dir / SUMMARY_NAME).read_text()) for run_dir in finished]
     return {"total": len(jobs), "skipped": len(jobs) - len(pending), "ran": len(pending), "failed": failed,
-            "other_code": [str(run_dir) for run_dir in finished if made_by_other_code(run_dir)]}
+            "other_code": [str(run_dir) for run_dir in finished if made_by_other_code(run_dir)],
+            "data": data_sources(summaries)[0]}
 
 
 def made_by_other_code(run_dir: Path) -> bool:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -66,6 +69,18 @@ class DomainDataset:
     def __len__(self) -> int:
         return int(self.images.shape[0])
 
+    @cached_property
+    def fingerprint(self) -> str:
+        """16 hex digits of SHA-256 over the images, labels and domain ids as loaded (and the
+        class and domain names): equal for the same data read on any machine from any path,
+        different for another file, another resize or another sample. Computed once per load."""
+        digest = hashlib.sha256()
+        for tensor in (self.images, self.labels, self.domains):
+            digest.update(str((tuple(tensor.shape), tensor.dtype)).encode())
+            digest.update(tensor.contiguous().numpy().tobytes())
+        digest.update("\x00".join((*self.class_names, "|", *self.domain_names)).encode())
+        return digest.hexdigest()[:16]
+
     @property
     def task(self) -> str:
         """``"classification"`` or, for a dataset without class names, ``"regression"``."""
@@ -98,3 +113,10 @@ class DomainDataset:
     def indices_of_domain(self, domain_id: int) -> torch.Tensor:
         """``int64`` tensor of the sample indices of one domain, in dataset order."""
         return torch.nonzero(self.domains == domain_id, as_tuple=False).flatten()
+
+
+def portable_source(source: str) -> str:
+    """A source description (:attr:`DomainDataset.source`) without the folders of its paths
+    (``packed ../data/pacs/pacs_32.npz`` -> ``packed pacs_32.npz``): the same data read on two
+    machines, or through two data roots, is described alike."""
+    return re.sub(r"(?<!\S)\S*/(\S+)", r"\1", source)
