@@ -64,12 +64,14 @@ def test_sweep_skips_finished_jobs_and_resumes_an_interrupted_one(tmp_path):
     # The job stopped after round 1 of 2: a checkpoint and one logged round, no done marker.
     run_experiment(interrupted.model_copy(update={"rounds": 1}), progress=False, echo=lambda *_: None)
     outcome = run_sweep(spec, tmp_path, progress=False)
+    data = outcome.pop("data")
     assert outcome == {"total": 2, "skipped": 0, "ran": 2, "failed": {}, "other_code": []}
+    assert len(data) == 1 and data[0].startswith("embedded MNIST sample") and data[0].endswith(": 2 runs")
     lines = (interrupted.run_dir / "rounds.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == [1, 2]
     assert all((job.run_dir / DONE_MARKER).exists() for job in jobs)
     again = run_sweep(spec, tmp_path, progress=False)
-    assert again == {"total": 2, "skipped": 2, "ran": 0, "failed": {}, "other_code": []}
+    assert again == {"total": 2, "skipped": 2, "ran": 0, "failed": {}, "other_code": [], "data": data}
     # A finished job that other code made is still skipped, and named.
     summary_path = jobs[0].run_dir / "summary.json"
     summary = json.loads(summary_path.read_text())
