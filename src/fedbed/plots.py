@@ -316,15 +316,16 @@ def plot_features(run_dir: Path, per_domain: int = 100, seed: int = 0, data_root
     embedded = TSNE(n_components=2, perplexity=min(30.0, (len(points) - 1) / 3), init="pca",
                     random_state=seed).fit_transform(points.numpy().astype(np.float64))
     dataset = built.dataset
-    colours = [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 3]  # red is the reference's edge
+    colours = [c for i, c in enumerate(plt.get_cmap("tab20").colors) if i not in (6, 7)]  # red marks the reference
     colour = [colours[int(label) % len(colours)] for label in data.targets]
     domains = data.domains.tolist()
     figure, axis = plt.subplots(figsize=(7, 6))
     for position, domain in enumerate(built.split.source_domains):
         mask = np.array([d == domain for d in domains])
+        marker = DOMAIN_MARKERS[position % len(DOMAIN_MARKERS)]
         axis.scatter(embedded[: len(features)][mask, 0], embedded[: len(features)][mask, 1], s=14, alpha=0.8,
-                     marker=DOMAIN_MARKERS[position % len(DOMAIN_MARKERS)], c=[colour[i] for i in np.flatnonzero(mask)],
-                     label=f"domain {dataset.domain_names[domain]}")
+                     marker=marker, c=[colour[i] for i in np.flatnonzero(mask)])
+        axis.scatter([], [], c="grey", marker=marker, label=f"domain {dataset.domain_names[domain]}")
     if reference is not None:
         axis.scatter(embedded[len(features):, 0], embedded[len(features):, 1], s=60, marker="*", c=colour,
                      edgecolors="red", linewidths=0.6, label="reference features")
