@@ -4,7 +4,6 @@ JiGen augmentation and the feature plot."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -29,7 +28,7 @@ from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import ClientInfo, Payload, Reply
 from fedbed.models import DomainClassifier
 
-from tests.conftest import build_federation, make_dataset, small_model
+from tests.conftest import build_federation, run_straight_and_resumed, small_model
 
 QUIET = dict(progress=False, echo=lambda *_: None)
 SHORT = {"classification_epochs": 1, "alignment_epochs": 2}
@@ -266,24 +265,9 @@ def test_a_resumed_fedadg_run_equals_an_uninterrupted_one(tmp_path, monkeypatch)
     """Optimisers are fresh every round (plain SGD has no state); D and R are in the checkpointed
     client states, so the resumed run continues bit for bit, D included."""
     from fedbed.algorithms.fedadg import FedADGTrainer
-    from fedbed.federation.engine import EngineError
 
     settings = dict(algorithm="fedadg", model="lenet", rounds=3, local_steps=1, batch_size=16, hp={**SHORT, "client_lr": 0.01})
-    straight = run_experiment(ExperimentConfig(run_dir=tmp_path / "straight", **settings), **QUIET)
-    fit = FedADGTrainer.fit
-
-    def crash_in_round_3(self, payload, data, state):
-        if payload.config["round"] == 3:
-            raise RuntimeError("power cut")
-        return fit(self, payload, data, state)
-
-    monkeypatch.setattr(FedADGTrainer, "fit", crash_in_round_3)
-    with pytest.raises(EngineError, match="power cut"):
-        run_experiment(ExperimentConfig(run_dir=tmp_path / "resumed", **settings), **QUIET)
-    monkeypatch.setattr(FedADGTrainer, "fit", fit)
-    resumed = run_experiment(ExperimentConfig(run_dir=tmp_path / "resumed", **settings), resume=True, **QUIET)
-    logs = {name: [json.loads(line)["metrics"] for line in (tmp_path / name / "rounds.jsonl").read_text().splitlines()]
-            for name in ("straight", "resumed")}
+    straight, resumed, logs = run_straight_and_resumed(tmp_path, monkeypatch, FedADGTrainer, **settings)
     assert logs["resumed"] == logs["straight"] and resumed["selection"] == straight["selection"]
     assert logs["straight"][0]["mean_adversarial_discriminator"] > 0
     checkpoints = [torch.load(tmp_path / name / "checkpoint.pt", weights_only=False) for name in ("straight", "resumed")]
