@@ -1,5 +1,6 @@
-"""Plots of a run's alignment telemetry (in the spirit of hFedF Fig. 5a and FedGaLA Fig. 2b) and of a
-sweep (accuracy curves, per-domain bars and the alignment telemetry across runs)."""
+"""Plots of a run's alignment telemetry (in the spirit of hFedF Fig. 5a and FedGaLA Fig. 2b), of its
+features (a t-SNE of the source and reference features, FedADG Fig. 3-4) and of a sweep (accuracy
+curves, per-domain bars and the alignment telemetry across runs)."""
 
 from __future__ import annotations
 
