@@ -120,3 +120,35 @@ def corrupt_adaptation_labels(monkeypatch, shift: int = 1) -> None:
         return built
 
     monkeypatch.setattr(experiment, "build_run", build_then_corrupt)
+
+
+def run_straight_and_resumed(tmp_path, monkeypatch, trainer_class, **settings):
+    """Run ``settings`` uninterrupted (``tmp_path/straight``), and again (``tmp_path/resumed``) with
+    ``trainer_class.fit`` failing in round 3, which stops the run, then resumed from its checkpoint.
+
+    Returns:
+        ``(straight summary, resumed summary, {"straight": [...], "resumed": [...]})``, the last
+        holding each run's per-round ``metrics`` from ``rounds.jsonl``.
+    """
+    import json
+
+    from fedbed.experiment import ExperimentConfig, run_experiment
+    from fedbed.federation.engine import EngineError
+
+    quiet = dict(progress=False, echo=lambda *_: None)
+    straight = run_experiment(ExperimentConfig(run_dir=tmp_path / "straight", **settings), **quiet)
+    fit = trainer_class.fit
+
+    def crash_in_round_3(self, payload, data, state):
+        if payload.config["round"] == 3:
+            raise RuntimeError("power cut")
+        return fit(self, payload, data, state)
+
+    monkeypatch.setattr(trainer_class, "fit", crash_in_round_3)
+    with pytest.raises(EngineError, match="power cut"):
+        run_experiment(ExperimentConfig(run_dir=tmp_path / "resumed", **settings), **quiet)
+    monkeypatch.setattr(trainer_class, "fit", fit)
+    resumed = run_experiment(ExperimentConfig(run_dir=tmp_path / "resumed", **settings), resume=True, **quiet)
+    logs = {name: [json.loads(line)["metrics"] for line in (tmp_path / name / "rounds.jsonl").read_text().splitlines()]
+            for name in ("straight", "resumed")}
+    return straight, resumed, logs

@@ -115,16 +115,19 @@ def assert_same_run(expected_dir, actual_dir, eval_size: int):
 # MCGDM on both Flower backends: FedAvg's server that also sends each client, as read-only arrays,
 # the other clients' heads of the previous round (its own left out, so payloads differ per client);
 # hFedF, which sends each client its own weights, on a deployment (the simulation runs the same
-# FlowerClients transport, with Ray in place of the SuperNodes).
+# FlowerClients transport, with Ray in place of the SuperNodes); FedADG, whose discriminator and
+# random projection live in the client state (the node's context.state on Flower), on the simulation.
 @pytest.mark.parametrize("algorithm, backends", [("mcgdm", ("flower-sim", "flower-deployment")),
-                                                 ("hfedf", ("flower-deployment",))])
+                                                 ("hfedf", ("flower-deployment",)),
+                                                 ("fedadg", ("flower-sim",))])
 def test_same_results_in_process_and_on_flower(tmp_path, algorithm, backends, no_orphans, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     # Evaluated after round 2 only: one evaluate message per site instead of two, and still
     # rounds of training on each side of it.
-    hp = {"include_own_head": False, "client_lr": 0.01} if algorithm == "mcgdm" else {}
+    hp = {"mcgdm": {"include_own_head": False, "client_lr": 0.01},
+          "fedadg": {"classification_epochs": 1, "alignment_epochs": 1, "client_lr": 0.01}}.get(algorithm, {})
     run = functools.partial(tiny, algorithm, eval_every=2, hp=hp)
     try:
         run_experiment(run(tmp_path / "in-process"), progress=False, echo=lambda *_: None)
@@ -133,19 +136,26 @@ def test_same_results_in_process_and_on_flower(tmp_path, algorithm, backends, no
         if "flower-sim" in backends:
             summaries["flower-sim"] = run_flower_simulation(run(tmp_path / "flower-sim", id_evaluation="clients"),
                                                             echo=lambda *_: None, cpus=2)
-        summaries["flower-deployment"] = run_flower_deployment(run(tmp_path / "flower-deployment", id_evaluation="clients"),
-                                                               echo=lambda *_: None, work_dir=tmp_path / "flower")
+        if "flower-deployment" in backends:
+            summaries["flower-deployment"] = run_flower_deployment(run(tmp_path / "flower-deployment", id_evaluation="clients"),
+                                                                   echo=lambda *_: None, work_dir=tmp_path / "flower")
     finally:
         torch.set_num_threads(threads)
     assert sorted(summaries) == sorted(backends) and all(s["backend"] == b for b, s in summaries.items())
     eval_size = len(build_run(run(tmp_path / "x")).split.target)
     for backend in backends:
         assert_same_run(tmp_path / "in-process", tmp_path / backend, eval_size)
-    assert final_metrics(tmp_path / "flower-deployment")[1][0] is None  # round 1 was not evaluated
+    assert final_metrics(tmp_path / backends[-1])[1][0] is None  # round 1 was not evaluated
     if algorithm == "mcgdm":  # round 2 carried the other client's head as read-only arrays, on every backend
         for backend in ("in-process", *backends):
             second = json.loads((tmp_path / backend / LOG_NAME).read_text().splitlines()[1])
             assert second["communication"]["sent_bytes"]["0"] > second["communication"]["received_bytes"]["0"]
+    if algorithm == "fedadg":  # the discriminator trained on the nodes: its losses match the in-process run's
+        for backend in backends:
+            assert final_metrics(tmp_path / backend)[0] == pytest.approx(final_metrics(tmp_path / "in-process")[0], rel=1e-5)
+            mine, theirs = ([json.loads(line)["metrics"]["mean_adversarial_discriminator"]
+                             for line in (tmp_path / name / LOG_NAME).read_text().splitlines()] for name in ("in-process", backend))
+            assert theirs == pytest.approx(mine, rel=1e-5)
 
 
 def test_a_lost_supernode_is_dropped_and_the_rounds_go_on(tmp_path, no_orphans):

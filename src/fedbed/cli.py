@@ -360,6 +360,23 @@ def plot_alignment_command(
     typer.echo(f"wrote {len(written)} plots to {run_dir / 'plots'}")
 
 
+@plot_app.command("features")
+def plot_features_command(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (holding config.yaml and checkpoint.pt).")],
+    per_domain: Annotated[int, typer.Option(help="At most this many samples per source domain.")] = 100,
+    seed: Annotated[int, typer.Option(help="Seed of the subsample, the reference draws and t-SNE.")] = 0,
+    data_root: Annotated[Optional[Path], typer.Option(help="Where the run's data is, if it moved.")] = None,
+) -> None:
+    """t-SNE of the source features (colour: class, marker: domain) and FedADG's reference features (its Fig. 3-4)."""
+    from fedbed.plots import PlotError, plot_features
+
+    try:
+        path, counts = plot_features(run_dir, per_domain, seed, data_root)
+    except PlotError as error:
+        fail(str(error))
+    typer.echo(f"wrote {path} ({counts['source']} source features, {counts['reference']} reference features)")
+
+
 def main() -> None:
     """Entry point of the ``fedbed`` script.
 

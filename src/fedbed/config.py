@@ -69,7 +69,7 @@ class ExperimentConfig(BaseModel):
             Flower's federated evaluation; the scores are equal, see
             :mod:`fedbed.federation.client_evaluation`). The ood score is always the server's.
         augmentation: a named augmentation applied to every training batch
-            (:mod:`fedbed.data.augmentation`: ``flip_crop``, ``randaugment``, ``simclr``,
+            (:mod:`fedbed.data.augmentation`: ``flip_crop``, ``randaugment``, ``simclr``, ``jigen``,
             ``amplitude_mix``), seeded per round, client and batch; unset: none. Refused for a
             method that draws its own views (MCGDM: its hyperparameter ``augmentation``).
         input_scaling: how pixels become model input

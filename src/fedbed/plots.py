@@ -1,5 +1,6 @@
-"""Plots of a run's alignment telemetry (in the spirit of hFedF Fig. 5a and FedGaLA Fig. 2b) and of a
-sweep (accuracy curves, per-domain bars and the alignment telemetry across runs)."""
+"""Plots of a run's alignment telemetry (in the spirit of hFedF Fig. 5a and FedGaLA Fig. 2b), of its
+features (a t-SNE of the source and reference features, FedADG Fig. 3-4) and of a sweep (accuracy
+curves, per-domain bars and the alignment telemetry across runs)."""
 
 from __future__ import annotations
 
@@ -242,3 +243,102 @@ def plot_sweep(sweep_dir: Path, selection: str = "train_domain_val") -> list[Pat
         plt.close(figure)
         written.append(path)
     return written
+
+
+DOMAIN_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
+"""Marker of each source domain in :func:`plot_features` (in domain order)."""
+
+
+def plot_features(run_dir: Path, per_domain: int = 100, seed: int = 0, data_root: Path | None = None) -> tuple[Path, dict[str, int]]:
+    """A t-SNE (van der Maaten and Hinton 2008, scikit-learn's) of the source features and the
+    reference features of a run's latest global model (FedADG's Fig. 3-4), into
+    ``run_dir/plots/features_tsne.png``.
+
+    The run is rebuilt from its ``config.yaml`` (the same seeded split) and its global model is
+    restored from ``checkpoint.pt``. Up to ``per_domain`` training samples of each source domain,
+    drawn with ``seed``, are embedded by the featurizer (``[n, d]``, evaluation mode). A model that
+    draws reference features (``reference_features(labels)``: FedADG's G(z, y), or its fixed
+    reference) adds one reference feature per source sample, for that sample's label, drawn with
+    ``seed``. Colour: the class; marker: the source domain; reference features: stars with a red
+    edge (the paper's red asterisks), in their class's colour.
+
+    Args:
+        run_dir: a FedBed run directory with ``config.yaml`` and ``checkpoint.pt``.
+        per_domain: at most this many samples per source domain (>= 2).
+        seed: drives the subsample, the reference draws and t-SNE.
+        data_root: where the run's data is, if not where it was trained.
+
+    Returns:
+        The image's path and ``{"source": n, "reference": m}``, the points drawn.
+
+    Raises:
+        PlotError: no run or checkpoint there, its data cannot be loaded, a model without a
+            featurizer, or ``per_domain < 2``.
+    """
+    import torch
+    import yaml
+    from sklearn.manifold import TSNE
+
+    from fedbed.build import build_run
+    from fedbed.config import ConfigError, config_from_mapping
+    from fedbed.federation.transport import InProcessClients
+    from fedbed.run_directory import CHECKPOINT_NAME, CONFIG_NAME
+
+    if per_domain < 2:
+        raise PlotError(f"--per-domain must be at least 2, got {per_domain}")
+    for name in (CONFIG_NAME, CHECKPOINT_NAME):
+        if not (run_dir / name).is_file():
+            raise PlotError(f"{run_dir / name} does not exist; give the directory of a FedBed run that finished a round")
+    values = yaml.safe_load((run_dir / CONFIG_NAME).read_text())
+    if data_root is not None:
+        values["data_root"] = str(data_root)
+    try:
+        built = build_run(config_from_mapping(values))
+        federation = built.federation(InProcessClients(built.trainer(), []))
+    except ConfigError as error:
+        raise PlotError(f"cannot rebuild the run of {run_dir}: {error}") from None
+    checkpoint = torch.load(run_dir / CHECKPOINT_NAME, map_location="cpu", weights_only=False)
+    federation.strategy.load_state_dict(checkpoint["strategy"])
+    model = federation.strategy.global_model()
+    if not hasattr(model, "featurizer"):
+        raise PlotError(f"the {built.algorithm.name} model of {run_dir} has no featurizer to plot")
+    generator = torch.Generator().manual_seed(seed)
+    chosen = [built.split.train[d][torch.randperm(len(built.split.train[d]), generator=generator)[:per_domain]]
+              for d in built.split.source_domains]
+    indices = torch.cat(chosen)
+    data = built.data(indices)
+    features = data.outputs_of(model.featurizer)
+    reference = None
+    if hasattr(model, "reference_features"):
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(seed)
+            reference = model.reference_features(data.targets)
+    points = features if reference is None else torch.cat([features, reference])
+    embedded = TSNE(n_components=2, perplexity=min(30.0, (len(points) - 1) / 3), init="pca",
+                    random_state=seed).fit_transform(points.numpy().astype(np.float64))
+    dataset = built.dataset
+    colours = [c for i, c in enumerate(plt.get_cmap("tab20").colors) if i not in (6, 7)]  # red marks the reference
+    colour = [colours[int(label) % len(colours)] for label in data.targets]
+    domains = data.domains.tolist()
+    figure, axis = plt.subplots(figsize=(7, 6))
+    for position, domain in enumerate(built.split.source_domains):
+        mask = np.array([d == domain for d in domains])
+        marker = DOMAIN_MARKERS[position % len(DOMAIN_MARKERS)]
+        axis.scatter(embedded[: len(features)][mask, 0], embedded[: len(features)][mask, 1], s=14, alpha=0.8,
+                     marker=marker, c=[colour[i] for i in np.flatnonzero(mask)])
+        axis.scatter([], [], c="grey", marker=marker, label=f"domain {dataset.domain_names[domain]}")
+    if reference is not None:
+        axis.scatter(embedded[len(features):, 0], embedded[len(features):, 1], s=60, marker="*", c=colour,
+                     edgecolors="red", linewidths=0.6, label="reference features")
+    for label in sorted(set(data.targets.tolist())):
+        axis.scatter([], [], c=[colours[label % len(colours)]], marker="s", label=f"class {dataset.class_names[label]}")
+    axis.legend(fontsize="x-small", loc="best", ncol=2)
+    axis.set_title(f"{built.algorithm.name}, target {built.config.target}: t-SNE of features after round {checkpoint['round']}")
+    axis.set_xticks([])
+    axis.set_yticks([])
+    out = run_dir / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "features_tsne.png"
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(figure)
+    return path, {"source": len(features), "reference": 0 if reference is None else len(reference)}

@@ -1,6 +1,6 @@
 """Federated methods, registered by name. Importing this package registers every method."""
 
-from fedbed.algorithms import fedavg, fedprox, fedsr, gradient_agreement, hypernetwork, local_only, mcgdm, ppdg  # noqa: F401  (registration)
+from fedbed.algorithms import fedadg, fedavg, fedprox, fedsr, gradient_agreement, hypernetwork, local_only, mcgdm, ppdg  # noqa: F401  (registration)
 from fedbed.algorithms.registry import (
     ALGORITHMS,
     Algorithm,

@@ -35,6 +35,19 @@ class TrainingBudget:
     local_epochs: int | None = None
     local_steps: int | None = None
 
+    def scaled(self, factor: int) -> "TrainingBudget":
+        """This budget ``factor`` times over (``factor`` x the epochs or x the steps; 0 trains
+        nothing): a method whose phases count in units of the run's budget (FedADG's E0 and E1).
+
+        Raises:
+            ValueError: a negative ``factor``.
+        """
+        if factor < 0:
+            raise ValueError(f"a budget cannot be scaled by a negative factor, got {factor}")
+        return TrainingBudget(self.batch_size,
+                              None if self.local_epochs is None else self.local_epochs * factor,
+                              None if self.local_steps is None else self.local_steps * factor)
+
 
 @dataclass(frozen=True)
 class AlgorithmContext:

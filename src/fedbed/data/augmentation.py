@@ -18,6 +18,12 @@ Named transforms (:data:`AUGMENTATIONS`); each takes the channel count and the i
   0.5 (brightness, contrast and saturation 0.4, hue 0.1) with probability 0.8, grayscale with
   probability 0.2; no Gaussian blur, as the paper drops it at 32 px. Grey images get the crop
   and the flip only.
+- ``jigen``: JiGen's training protocol (Carlucci et al. 2019; the defaults of its
+  ``train_jigsaw.py``): random resized crop to the side with scale (0.8, 1.0), horizontal flip
+  with probability 0.5, grayscale with probability 0.1 (JiGen's ``tile_random_grayscale``, here
+  on the whole image); JiGen's colour jitter is off by default (``--jitter 0``) and left out.
+  FedADG's augmentation (``fedadg.md``, Sec. 6.1, "Model Training"). Grey images get the crop
+  and the flip only.
 - ``amplitude_mix``: Amplitude Mix (FACT, Xu et al. 2021, Eq. 2-3; MCGDM's Table 6): each image
   keeps its Fourier phase and takes the amplitude spectrum (1 − λ) A(x_i) + λ A(x_j) of itself and
   image j of the batch, j drawn by a random permutation (an image may draw itself, as in FACT's
@@ -50,6 +56,11 @@ def _simclr(channels: int, side: int) -> v2.Transform:
     return v2.Compose(geometric + colour)
 
 
+def _jigen(channels: int, side: int) -> v2.Transform:
+    geometric = [v2.RandomResizedCrop(side, scale=(0.8, 1.0), antialias=True), v2.RandomHorizontalFlip(p=0.5)]
+    return v2.Compose(geometric + ([v2.RandomGrayscale(p=0.1)] if channels == 3 else []))
+
+
 def amplitude_mix(images: torch.Tensor, ratio: float = 1.0) -> torch.Tensor:
     """FACT's Amplitude Mix of a batch, drawing from torch's global generator.
 
@@ -76,6 +87,7 @@ AUGMENTATIONS: dict[str, Callable[[int, int], v2.Transform] | None] = {
     "flip_crop": _flip_crop,
     "randaugment": _randaugment,
     "simclr": _simclr,
+    "jigen": _jigen,
     "amplitude_mix": None,
 }
 """Name -> builder ``(channels, side) -> transform`` of one ``uint8 [C, H, W]`` image; ``None``

@@ -1,0 +1,81 @@
+"""FedADG's local training cost per image relative to FedAvg's, on the same client data.
+
+One client (PACS-32's photo domain with hFedF's client CNN when ``--data-root`` holds
+``pacs/pacs_32.npz``, else the 0-degree domain of the embedded RotatedMNIST sample with LeNet),
+batch 16. FedADG runs its schedule with ``local_steps: S`` as the unit (E0 = 3 units of
+classification, E1 = 7 of alignment: 10 S batches); FedAvg runs ``local_steps: 10 S`` batches
+with the same JiGen augmentation, so both see 160 S images. Each side is timed ``--repeats``
+times, alternating, with one torch thread; the medians are compared. Prints the ratio last
+(FedADG's extra work: G and D forward and backward passes, three optimisers).
+
+    python benchmarks/fedadg_client_cost.py [--data-root DATA] [--steps 5] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from fedbed.algorithms import AlgorithmContext, TrainingBudget, get_algorithm, resolve_hyperparameters
+from fedbed.data import load_dataset
+from fedbed.data.augmentation import Augmentation
+from fedbed.federation.local_data import ClientData
+from fedbed.federation.messages import Payload
+from fedbed.models import build_model
+
+BATCH, SEED = 16, 0
+UNITS = 3 + 7  # FedADG's E0 + E1 (fedadg.md, Sec. 6.1)
+
+
+def client_data(data_root: Path | None) -> tuple[ClientData, str, tuple[int, int, int], int, str]:
+    """The client's samples, the model's name, the input shape, the class count and a description."""
+    if data_root is not None and (data_root / "pacs" / "pacs_32.npz").is_file():
+        dataset, domain, model = load_dataset("PACS", data_root, 32), "photo", "hfedf_cnn"
+    else:
+        dataset, domain, model = load_dataset("RotatedMNIST", None), "0", "lenet"
+    domain_id = dataset.domain_names.index(domain)
+    data = ClientData.from_dataset(dataset, dataset.indices_of_domain(domain_id))
+    return data, model, dataset.input_shape, dataset.num_classes, f"{dataset.name} domain {domain} ({len(data)} images), {model}"
+
+
+def time_fit(name: str, hp: dict, steps: int, data: ClientData, model: str, shape, classes: int) -> float:
+    """Seconds of one client's ``fit`` (one round of local training)."""
+    algorithm = get_algorithm(name)
+    hparams = resolve_hyperparameters(algorithm, hp)
+    factory = lambda: algorithm.wrap_model(build_model(model, shape, classes), hparams)  # noqa: E731
+    augmentation = None if algorithm.draws_its_own_views else Augmentation("jigen")
+    context = AlgorithmContext(factory, TrainingBudget(BATCH, local_steps=steps), SEED, augmentation=augmentation)
+    trainer = algorithm.create_trainer(hparams, context)
+    torch.manual_seed(SEED)
+    payload = Payload(arrays=factory().state_dict(), config={"batch_seed": 1})
+    began = time.perf_counter()
+    trainer.fit(payload, data, {})
+    return time.perf_counter() - began
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-root", type=Path, default=None)
+    parser.add_argument("--steps", type=int, default=5, help="batches per unit of FedADG's schedule (S)")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    data, model, shape, classes, description = client_data(args.data_root)
+    images = UNITS * args.steps * BATCH
+    times: dict[str, list[float]] = {"fedadg": [], "fedavg": []}
+    for _ in range(args.repeats):
+        times["fedadg"].append(time_fit("fedadg", {}, args.steps, data, model, shape, classes))
+        times["fedavg"].append(time_fit("fedavg", {"client_optimizer": "sgd", "client_lr": 1e-3}, UNITS * args.steps,
+                                        data, model, shape, classes))
+    fedadg, fedavg = (statistics.median(times[name]) / images * 1e3 for name in ("fedadg", "fedavg"))
+    print(f"{description}; batch {BATCH}, {images} images per fit, 1 thread, median of {args.repeats}")
+    print(f"FedAvg: {fedavg:.3f} ms per image; FedADG: {fedadg:.3f} ms per image")
+    print(f"FedADG / FedAvg local training time per image: {fedadg / fedavg:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,465 @@
+"""FedADG: federated adversarial alignment to a generated reference distribution (``fedadg.md``).
+
+Each client holds four networks (Sec. 4.2, "Network Architecture"): the feature extractor F and
+the classifier C (the model's ``featurizer`` and ``classifier``), a distribution generator G and a
+discriminator D with a random projection R in front of it. With hidden size d (the featurizer's
+width), K classes and y the one-hot label ``[B, K]``:
+
+- G(z, y): ``concat(z, y)`` ``[B, d_z + K]`` -> linear d -> ReLU -> linear d, with noise
+  z ~ U[0, 1) ``[B, d_z]`` (Sec. 4.3), d_z = d unless ``noise_dim`` says otherwise. No activation
+  after the second layer: the featurizers of FedBed end in a linear layer (signed features).
+- R: a ``[d, d_2]`` matrix (d > d_2, default d_2 = d / 2) of N(0, 1/d_2) entries (a Gaussian
+  random projection, Fern and Brodley 2003, scaled so that projected norms match in
+  expectation), drawn at the client's first round and never trained: ``h̄ = h R``.
+- D(h | y): ``concat(h R, y)`` ``[B, d_2 + K]`` -> linear d -> ReLU -> linear 1: one score per
+  sample. The paper calls D's output "the probability that they are positive samples"; its
+  losses are LSGAN's least squares (Mao et al. 2017), whose discriminator has a linear output
+  scored against the targets 0 and 1, so D has no sigmoid.
+
+Losses (Eq. 2-5), with h = F(x) the negatives and h' = G(z, y) (or a draw of a fixed reference)
+the positives, each a batch mean:
+
+- L_adv-d = E[D(h|y)²] + E[(1 − D(h'|y))²]. Eq. 2 as printed, −(E[(1 − D(h|y))²] + E[D(h'|y)²]),
+  is unbounded below for D's linear output (it rewards D(h) → ±∞); read with LSGAN's a-b coding
+  (negatives to a = 0, positives to b = 1), it is this bounded form, whose minimum 0 is D(h) = 0
+  and D(h') = 1, the separation the text describes.
+- L_adv-f = E[(1 − D(h|y))²] (Eq. 3): F fools D.
+- L_adv-g = E[(1 − D(h'|y))²] (Eq. 4): as printed.
+- L_err = cross-entropy with label smoothing ε = 0.1 (Sec. 4.3 cites Szegedy et al. 2016, whose
+  Sec. 7 uses ε = 0.1; the paper gives no value).
+
+Client update (Algorithm 1), each network with its own optimiser (SGD, Sec. 6.1; learning rates
+lr_f for F and C, lr_g for G, lr_d for D, Table 3):
+
+1. E0 units of classification: F, C on L_err (Steps c2-c3);
+2. E1 units of alignment, per batch: F, C on λ0·L_adv-f + λ1·L_err (c5); z drawn (c6); D on
+   L_adv-d (c7), with h and h' of this batch detached (h computed before F's step of c5); G on
+   L_adv-g through the updated D (c8).
+
+**What an "epoch" of Algorithm 1 is.** Algorithm 1 samples one mini-batch per "epoch" (Steps c2,
+c4), while Sec. 6.1 calls E0 and E1 "local epochs". FedBed reads E0 and E1 as multiples of the
+run's budget (``local_epochs`` / ``local_steps``): phase 1 trains E0 x the budget, phase 2
+E1 x the budget. ``local_steps: 1`` is Algorithm 1 word for word (one mini-batch per epoch:
+E0 + E1 = 10 batches a round); ``local_epochs: 1`` reads an epoch as a pass over the client's
+data (E0 + E1 = 10 passes a round), as a public implementation of the paper does and as
+``docs/configs/pacs32-fedadg.yaml`` runs it.
+
+**Server.** F, C and G travel as the model's arrays (the model is a :class:`FedADGModel`, a
+:class:`~fedbed.models.DomainClassifier` that also holds G under the state-dict prefix
+``generator.``); the server averages them uniformly, 1/K (Step s3), not n_k/n. D and R stay in the
+client's persistent ``state`` (``discriminator``, ``projection``): checkpointed with the run
+in-process, kept in the node's ``context.state`` on Flower, never in a reply. Optimisers are fresh
+every round as in every FedBed method; with the paper's plain SGD (no momentum) they carry no
+state to keep.
+
+**Model selection.** "The global model with the highest accuracy across all source domains"
+(Sec. 6.1) is FedBed's ``train_domain_val`` rule (the default of ``fedbed report``).
+
+**Augmentation.** Training batches are replaced by their JiGen-augmented view (Sec. 6.1;
+``jigen`` in :mod:`fedbed.data.augmentation`), drawn per round, client and batch; the
+hyperparameter ``augmentation`` names it (``null`` for none), so the run's ``augmentation``
+setting is refused for FedADG.
+
+**Ablations** (Fig. 5, Table 8): ``use_label_conditioning=false`` removes y from G and D
+("w/o one-hot"); ``use_random_projection=false`` feeds h to D directly ("w/o RP");
+``use_alignment=false`` removes G and D ("w/o G&D": E0 + E1 units of label-smoothed
+classification, FedAvg's objective with FedADG's schedule, optimiser, augmentation and uniform
+average; the λ1 weight only balances L_err against L_adv-f and is dropped with it);
+``reference=gaussian | uniform | laplace`` replaces G by a fixed reference distribution, N(0, I),
+U[−1, 1] or Laplace(0, 1/√2) per coordinate (Table 8; scale 1/√2, unit variance, after Li et al.
+2018), and Step c8 is skipped.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+
+from fedbed.algorithms.fedavg import FedAvgStrategy
+from fedbed.algorithms.local_training import (
+    LocalTrainingHyperparameters,
+    SupervisedAlgorithm,
+    SupervisedTrainer,
+    augmentation_seed,
+    make_optimizer,
+    run_batches,
+)
+from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
+from fedbed.data.augmentation import AUGMENTATIONS, Augmentation
+from fedbed.federation.local_data import Batch, ClientData
+from fedbed.federation.messages import Payload, Reply, RoundSummary
+from fedbed.gradients import clone_arrays, weighted_average
+from fedbed.models import DomainClassifier
+from fedbed.models.networks import ModelError
+
+REFERENCES = ("generator", "gaussian", "uniform", "laplace")
+"""The reference distribution: FedADG's generator G, or Table 8's fixed N(0, I), U[−1, 1], Laplace(0, 1/√2)."""
+
+GENERATOR_PREFIX = "generator."
+"""State-dict prefix of G in a :class:`FedADGModel` (G travels with F and C)."""
+
+ADVERSARIAL_TERMS = ("adversarial_feature", "adversarial_discriminator", "adversarial_generator")
+"""Per-round means reported by the clients (L_adv-f, L_adv-d, L_adv-g over the alignment batches)."""
+
+
+class FedADGHyperparameters(LocalTrainingHyperparameters):
+    """FedADG's hyperparameters (``fedadg.md``, Sec. 4.3, 6.1, Table 3; ablations of Fig. 5, Table 8).
+
+    Attributes:
+        client_optimizer: SGD (Sec. 6.1, "Model Training"), without momentum or weight decay
+            (the paper gives none).
+        client_lr: lr_f, of F and C: 0.001 (Table 3, PACS column; VLCS 0.01, Office-Home 0.05
+            through ``dataset_defaults``). Table 3's columns are datasets, not backbones, so the
+            column of the run's dataset applies whatever the model.
+        generator_lr: lr_g, 0.0007 (PACS; VLCS and Office-Home 0.007).
+        discriminator_lr: lr_d, 0.0007 (PACS; VLCS 0.007, Office-Home 0.001).
+        classification_epochs: E0 = 3, in units of the run's budget (module docstring).
+        alignment_epochs: E1 = 7, in units of the run's budget.
+        adversarial_weight: λ0 = 0.85 (Table 3).
+        classification_weight: λ1 = 0.15 (Table 3).
+        label_smoothing: ε of L_err, 0.1 (Szegedy et al. 2016, Sec. 7, which the paper cites).
+        reference: ``generator`` (FedADG) or a fixed distribution of Table 8.
+        use_label_conditioning: y enters G and D (false: Fig. 5's "w/o one-hot").
+        use_random_projection: R in front of D (false: "w/o RP").
+        use_alignment: G (or the fixed reference) and D at all (false: "w/o G&D").
+        noise_dim: width of z (default: the featurizer's width; the paper gives none).
+        projection_dim: d_2 of R, below the featurizer's width (default: half of it; the paper
+            gives none).
+        augmentation: the training batches' augmentation, JiGen's protocol (Sec. 6.1), or
+            ``None``.
+
+    Raises:
+        AlgorithmError: (through :func:`~fedbed.algorithms.resolve_hyperparameters`) E0 = E1 = 0.
+    """
+
+    client_optimizer: Literal["adam", "sgd"] = "sgd"
+    client_lr: float = Field(1e-3, gt=0)
+    client_weight_decay: float = Field(0.0, ge=0)
+    client_momentum: float = Field(0.0, ge=0, lt=1)
+    generator_lr: float = Field(7e-4, gt=0)
+    discriminator_lr: float = Field(7e-4, gt=0)
+    classification_epochs: int = Field(3, ge=0)
+    alignment_epochs: int = Field(7, ge=0)
+    adversarial_weight: float = Field(0.85, ge=0)
+    classification_weight: float = Field(0.15, ge=0)
+    label_smoothing: float = Field(0.1, ge=0, lt=1)
+    reference: Literal[REFERENCES] = "generator"
+    use_label_conditioning: bool = True
+    use_random_projection: bool = True
+    use_alignment: bool = True
+    noise_dim: int | None = Field(None, gt=0)
+    projection_dim: int | None = Field(None, gt=0)
+    augmentation: Literal[tuple(AUGMENTATIONS)] | None = "jigen"
+
+    @model_validator(mode="after")
+    def _trains_something(self) -> "FedADGHyperparameters":
+        if self.classification_epochs + self.alignment_epochs == 0:
+            raise ValueError("classification_epochs and alignment_epochs are both 0: a round would train nothing")
+        return self
+
+
+class DistributionGenerator(nn.Module):
+    """G (Sec. 4.2): ``concat(z, y)`` ``[B, d_z (+ K)]`` -> linear d -> ReLU -> linear d: ``[B, d]``.
+
+    Args:
+        noise_dim: d_z.
+        num_classes: K (the width of y; 0 without label conditioning).
+        hidden_dim: d, the featurizer's width.
+    """
+
+    def __init__(self, noise_dim: int, num_classes: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(noise_dim + num_classes, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, hidden_dim))
+
+    def forward(self, noise: torch.Tensor, one_hot: torch.Tensor | None) -> torch.Tensor:
+        """Features ``[B, d]`` of noise ``[B, d_z]`` and one-hot labels ``[B, K]`` (or ``None``)."""
+        return self.layers(noise if one_hot is None else torch.cat([noise, one_hot], dim=1))
+
+
+class Discriminator(nn.Module):
+    """D (Sec. 4.2): ``concat(h̄, y)`` ``[B, d_in (+ K)]`` -> linear d -> ReLU -> linear 1: ``[B]``.
+
+    Args:
+        input_dim: d_in, the width of the (projected) features h̄.
+        num_classes: K (0 without label conditioning).
+        hidden_dim: d, the featurizer's width ("the first layer of the hidden size").
+    """
+
+    def __init__(self, input_dim: int, num_classes: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(input_dim + num_classes, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, 1))
+
+    def forward(self, features: torch.Tensor, one_hot: torch.Tensor | None) -> torch.Tensor:
+        """One unbounded score per sample ``[B]`` (LSGAN: no sigmoid)."""
+        return self.layers(features if one_hot is None else torch.cat([features, one_hot], dim=1)).squeeze(1)
+
+
+def random_projection(input_dim: int, output_dim: int) -> torch.Tensor:
+    """R ``[d_1, d_2]`` with N(0, 1/d_2) entries, from torch's global generator (Sec. 4.3, after
+    Fern and Brodley 2003); ``h R`` maps ``[n, d_1]`` to ``[n, d_2]``.
+
+    Raises:
+        ValueError: ``output_dim >= input_dim`` (the paper's d_1 > d_2) or a non-positive size.
+    """
+    if not 0 < output_dim < input_dim:
+        raise ValueError(f"a random projection reduces the dimension: need 0 < d_2 < d_1, got d_1={input_dim}, d_2={output_dim}")
+    return torch.randn(input_dim, output_dim) / math.sqrt(output_dim)
+
+
+def discriminator_loss(feature_scores: torch.Tensor, reference_scores: torch.Tensor) -> torch.Tensor:
+    """L_adv-d, LSGAN's bounded reading of Eq. 2: ``mean(D(h)²) + mean((1 − D(h'))²)``.
+
+    Args:
+        feature_scores: D's scores ``[B]`` of the extracted features h (negatives, target 0).
+        reference_scores: D's scores ``[B']`` of the reference features h' (positives, target 1).
+    """
+    return feature_scores.pow(2).mean() + (1.0 - reference_scores).pow(2).mean()
+
+
+def fooling_loss(scores: torch.Tensor) -> torch.Tensor:
+    """``mean((1 − D(·))²)`` of scores ``[B]``: L_adv-f (Eq. 3) of D(h), L_adv-g (Eq. 4) of D(h')."""
+    return (1.0 - scores).pow(2).mean()
+
+
+def reference_sample(reference: str, shape: tuple[int, int]) -> torch.Tensor:
+    """A draw ``[n, d]`` of a fixed reference distribution of Table 8 from torch's global
+    generator: ``gaussian`` N(0, I), ``uniform`` U[−1, 1], ``laplace`` Laplace(0, 1/√2).
+
+    Raises:
+        ValueError: an unknown (or non-fixed) ``reference``.
+    """
+    if reference == "gaussian":
+        return torch.randn(shape)
+    if reference == "uniform":
+        return torch.rand(shape) * 2.0 - 1.0
+    if reference == "laplace":
+        return torch.distributions.Laplace(0.0, 1.0 / math.sqrt(2.0)).sample(shape)
+    raise ValueError(f"unknown fixed reference distribution {reference!r}; choose gaussian, uniform or laplace")
+
+
+class FedADGModel(DomainClassifier):
+    """F and C of a :class:`~fedbed.models.DomainClassifier`, plus G when the reference is
+    generated, so that G travels and is averaged with F and C (state-dict prefix ``generator.``).
+    ``forward`` is F then C, as for the base model.
+
+    Args:
+        base: the protocol's model; its classifier must be linear with K >= 2 outputs.
+        reference: a name of :data:`REFERENCES`, or ``None`` without alignment.
+        use_label_conditioning: G takes y.
+        noise_dim: d_z (``None``: the featurizer's width).
+
+    Raises:
+        ModelError: the base model has no linear classifier with at least two classes (FedADG
+            aligns class-conditional distributions; a regression task has no classes).
+    """
+
+    def __init__(self, base: DomainClassifier, reference: str | None, use_label_conditioning: bool = True,
+                 noise_dim: int | None = None) -> None:
+        classes = getattr(base.classifier, "out_features", 0)
+        if not isinstance(base.classifier, nn.Linear) or classes < 2:
+            raise ModelError("FedADG aligns class-conditional feature distributions: it needs a classification task "
+                             "(a model whose classifier is linear with at least two classes)")
+        super().__init__(base.featurizer, base.classifier, base.feature_dim)
+        self.num_classes = classes
+        self.reference = reference
+        self.use_label_conditioning = use_label_conditioning
+        self.noise_dim = noise_dim or base.feature_dim
+        if reference == "generator":
+            self.generator = DistributionGenerator(self.noise_dim, classes if use_label_conditioning else 0, base.feature_dim)
+
+    def one_hot(self, labels: torch.Tensor) -> torch.Tensor | None:
+        """y ``[B, K]`` (float) of labels ``[B]``, or ``None`` without label conditioning."""
+        return nn.functional.one_hot(labels, self.num_classes).float() if self.use_label_conditioning else None
+
+    def reference_features(self, labels: torch.Tensor) -> torch.Tensor | None:
+        """h' ``[B, d]`` for labels ``[B]``, drawn from torch's global generator: G(z, y) with
+        z ~ U[0, 1) ``[B, d_z]`` (differentiable in G), a draw of the fixed reference, or ``None``
+        for a model without alignment."""
+        if self.reference is None:
+            return None
+        if self.reference == "generator":
+            return self.generator(torch.rand(len(labels), self.noise_dim), self.one_hot(labels))
+        return reference_sample(self.reference, (len(labels), self.feature_dim))
+
+
+def projection_width(hparams: FedADGHyperparameters, feature_dim: int) -> int:
+    """d_2 of R: ``projection_dim``, or half the featurizer's width ``feature_dim``.
+
+    Raises:
+        ModelError: d_2 not below the featurizer's width (the paper's d_1 > d_2) or 0.
+    """
+    width = hparams.projection_dim or feature_dim // 2
+    if not 0 < width < feature_dim:
+        raise ModelError(f"FedADG's random projection needs 0 < projection_dim < the featurizer's width {feature_dim}, "
+                         f"got {width}; lower --hp projection_dim or set --hp use_random_projection=false")
+    return width
+
+
+class FedADGTrainer(SupervisedTrainer):
+    """The FedADG client (Algorithm 1, ClientUpdate): E0 units of classification, then E1 units
+    of alignment; D and R in the client's state."""
+
+    hparams: FedADGHyperparameters
+    model: FedADGModel
+
+    def __init__(self, hparams: FedADGHyperparameters, context: AlgorithmContext) -> None:
+        super().__init__(hparams, context)
+        self.augmentation = Augmentation(hparams.augmentation) if hparams.augmentation else None
+        width = self.model.feature_dim
+        self.projection_dim = projection_width(hparams, width) if hparams.use_random_projection else width
+        self.label_width = self.model.num_classes if hparams.use_label_conditioning else 0
+
+    def new_discriminator(self) -> Discriminator:
+        """D with fresh weights (torch's global generator)."""
+        return Discriminator(self.projection_dim, self.label_width, self.model.feature_dim)
+
+    def client_networks(self, state: dict[str, Any]) -> None:
+        """Create D (``state["discriminator"]``, its state dict) and R (``state["projection"]``,
+        ``[d, d_2]``) at the client's first round, from torch's global generator (seeded by the
+        engine per round and client)."""
+        if "discriminator" not in state:
+            state["discriminator"] = clone_arrays(self.new_discriminator().state_dict())
+        if self.hparams.use_random_projection and "projection" not in state:
+            state["projection"] = random_projection(self.model.feature_dim, self.projection_dim)
+
+    def fit(self, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
+        hparams, model = self.hparams, self.model
+        model.load_state_dict(payload.arrays)
+        model.train()
+        working = copy.deepcopy(state)  # the state changes only when the round succeeds
+        generator = torch.Generator().manual_seed(int(payload.config["batch_seed"]))
+        options = dict(augmentation=self.augmentation, augmentation_seed=augmentation_seed(payload),
+                       augment_inputs=self.augmentation is not None)
+        task_parameters = [*model.featurizer.parameters(), *model.classifier.parameters()]
+        task_optimizer = make_optimizer(task_parameters, hparams)
+
+        def classification_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return nn.functional.cross_entropy(logits, targets, label_smoothing=hparams.label_smoothing)
+
+        def classification_step(batch: Batch) -> float:
+            loss = classification_loss(model(batch.inputs), batch.targets)
+            task_optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            task_optimizer.step()
+            return float(loss.detach())
+
+        aligned = hparams.use_alignment
+        first_units = hparams.classification_epochs + (0 if aligned else hparams.alignment_epochs)
+        total, steps = run_batches(data, self.budget.scaled(first_units), generator, classification_step, **options)
+        total *= steps
+        sums = dict.fromkeys(ADVERSARIAL_TERMS, 0.0)
+        alignment_steps = 0
+        if aligned:
+            self.client_networks(working)
+            discriminator = self.new_discriminator()
+            discriminator.load_state_dict(working["discriminator"])
+            projection = working.get("projection")
+            project = (lambda h: h @ projection) if projection is not None else (lambda h: h)
+            discriminator_optimizer = make_optimizer(discriminator.parameters(),
+                                                     hparams.model_copy(update={"client_lr": hparams.discriminator_lr}))
+            generated = model.reference == "generator"
+            generator_optimizer = (make_optimizer(model.generator.parameters(), hparams.model_copy(update={"client_lr": hparams.generator_lr}))
+                                   if generated else None)
+
+            def alignment_step(batch: Batch) -> float:
+                targets = batch.targets
+                one_hot = model.one_hot(targets)
+                # Step c5: F and C on λ0 L_adv-f + λ1 L_err, D fixed.
+                features = model.featurizer(batch.inputs)
+                error = classification_loss(model.classifier(features), targets)
+                feature_term = fooling_loss(discriminator(project(features), one_hot))
+                task_optimizer.zero_grad(set_to_none=True)
+                (hparams.adversarial_weight * feature_term + hparams.classification_weight * error).backward()
+                task_optimizer.step()
+                # Step c6: one mini-batch of noise (or of the fixed reference).
+                reference = model.reference_features(targets)
+                # Step c7: D on L_adv-d.
+                discriminator_term = discriminator_loss(discriminator(project(features.detach()), one_hot),
+                                                        discriminator(project(reference.detach()), one_hot))
+                discriminator_optimizer.zero_grad(set_to_none=True)
+                discriminator_term.backward()
+                discriminator_optimizer.step()
+                sums["adversarial_feature"] += float(feature_term.detach())
+                sums["adversarial_discriminator"] += float(discriminator_term.detach())
+                # Step c8: G on L_adv-g through the updated D.
+                if generator_optimizer is not None:
+                    generator_term = fooling_loss(discriminator(project(reference), one_hot))
+                    generator_optimizer.zero_grad(set_to_none=True)
+                    generator_term.backward()
+                    generator_optimizer.step()
+                    sums["adversarial_generator"] += float(generator_term.detach())
+                return float(error.detach())
+
+            mean, alignment_steps = run_batches(data, self.budget.scaled(hparams.alignment_epochs), generator, alignment_step,
+                                                first_number=steps, **options)
+            total += mean * alignment_steps
+            working["discriminator"] = clone_arrays(discriminator.state_dict())
+        state.clear()
+        state.update(working)
+        metrics = {"loss": total / max(steps + alignment_steps, 1)}
+        if aligned:
+            metrics.update({term: value / max(alignment_steps, 1) for term, value in sums.items()
+                            if term != "adversarial_generator" or model.reference == "generator"})
+        return Reply(arrays=clone_arrays(model.state_dict()), num_examples=len(data), metrics=metrics)
+
+
+class FedADGStrategy(FedAvgStrategy):
+    """Algorithm 1's server: the uniform mean 1/K Σ_k w_k of the clients' F, C and G (Step s3),
+    whatever their sizes; the clients' mean adversarial losses in the round's metrics."""
+
+    def combine(self, round_number: int, replies: dict[int, Reply]) -> tuple[dict, dict[str, Any]]:
+        order = sorted(replies)
+        telemetry = {"weights": {str(c): 1.0 / len(order) for c in order}}
+        return weighted_average([replies[c].arrays for c in order], [1.0] * len(order)), telemetry
+
+    def aggregate(self, round_number: int, replies: dict[int, Reply]) -> RoundSummary:
+        summary = super().aggregate(round_number, replies)
+        for term in ADVERSARIAL_TERMS:
+            values = [r.metrics[term] for r in replies.values() if term in r.metrics]
+            if values:
+                summary.metrics[f"mean_{term}"] = sum(values) / len(values)
+        return summary
+
+
+@register_algorithm
+class FedADG(SupervisedAlgorithm):
+    """FedADG (``fedadg.md``): class-wise adversarial alignment of each client's features to a
+    reference distribution generated by a shared G; uniform average of F, C and G."""
+
+    name = "fedadg"
+    summary = ("FedADG (Zhang et al., fedadg.md): per round E0 x the run's budget of label-smoothed CE, then E1 x the budget "
+               "aligning F(x) to G(z, y) by LSGAN losses against a local discriminator behind a fixed random projection "
+               "(Eq. 2-5, Alg. 1); uniform 1/K average of F, C, G; D, R stay on the client; JiGen augmentation.")
+    hyperparameters = FedADGHyperparameters
+    trainer_class = FedADGTrainer
+    draws_its_own_views = True
+    dataset_defaults = {  # fedadg.md Table 3 (the general defaults are its PACS column)
+        "VLCS": {"client_lr": 0.01, "generator_lr": 0.007, "discriminator_lr": 0.007},
+        "OfficeHome": {"client_lr": 0.05, "generator_lr": 0.007, "discriminator_lr": 0.001},
+    }
+
+    def wrap_model(self, model: DomainClassifier, hparams: FedADGHyperparameters) -> FedADGModel:
+        reference = hparams.reference if hparams.use_alignment else None
+        if hparams.use_alignment and hparams.use_random_projection:
+            projection_width(hparams, model.feature_dim)  # refused here, before any round, when too wide
+        return FedADGModel(model, reference, hparams.use_label_conditioning, hparams.noise_dim)
+
+    def create_strategy(self, hparams: FedADGHyperparameters, context: AlgorithmContext) -> FedADGStrategy:
+        return FedADGStrategy(context.seed)
+
+
+__all__ = [
+    "FedADG",
+    "FedADGModel",
+    "FedADGStrategy",
+    "FedADGTrainer",
+    "discriminator_loss",
+    "fooling_loss",
+    "random_projection",
+    "reference_sample",
+]
