@@ -19,9 +19,9 @@ USAGE_ERROR = 2
 
 def _print_version(value: bool) -> None:
     if value:
-        from fedbed import __version__
+        from importlib.metadata import version
 
-        typer.echo(f"fedbed {__version__}")
+        typer.echo(f"fedbed {version('fedbed')}")
         raise typer.Exit()
 
 

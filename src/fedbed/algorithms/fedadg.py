@@ -87,6 +87,7 @@ from fedbed.algorithms.local_training import (
     SupervisedTrainer,
     augmentation_seed,
     make_optimizer,
+    round_hyperparameters,
     run_batches,
 )
 from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
@@ -328,7 +329,8 @@ class FedADGTrainer(SupervisedTrainer):
             state["projection"] = random_projection(self.model.feature_dim, self.projection_dim)
 
     def fit(self, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
-        hparams, model = self.hparams, self.model
+        # The run's learning-rate schedule (``client_lr_schedule``) sets lr_f this round; lr_g and lr_d stay fixed.
+        hparams, model = round_hyperparameters(self.hparams, payload), self.model
         model.load_state_dict(payload.arrays)
         model.train()
         working = copy.deepcopy(state)  # the state changes only when the round succeeds
