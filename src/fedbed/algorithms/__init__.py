@@ -1,6 +1,17 @@
 """Federated methods, registered by name. Importing this package registers every method."""
 
-from fedbed.algorithms import fedavg, fedprox, fedsr, gradient_agreement, hypernetwork, local_only, mcgdm, ppdg  # noqa: F401  (registration)
+from fedbed.algorithms import (  # noqa: F401  (registration)
+    fedavg,
+    fedgala,
+    fedprox,
+    fedsr,
+    gradient_agreement,
+    hypernetwork,
+    local_only,
+    mcgdm,
+    ppdg,
+    self_supervised,
+)
 from fedbed.algorithms.registry import (
     ALGORITHMS,
     Algorithm,
