@@ -172,3 +172,21 @@ def test_variants_change_one_factor_of_base_and_label_the_runs(tmp_path):
     from fedbed.results import query_runs
 
     assert sorted(row["label"] for row in query_runs(tmp_path)) == ["fedavg[sgd]", "fedavg[small_batch]", "fedavg[today]"]
+
+
+def test_a_variant_limited_to_one_algorithm_and_target(tmp_path):
+    """An ablation of one method on one target beside the full comparison (FedGaLA's Table 4)."""
+    from fedbed.results import variant_of
+
+    spec = tiny_spec(algorithms=["fedavg", "ppdg"], targets=["0", "15"], seeds=[0], hp={},
+                     variants={"paper": {}, "sgd_ppdg_0": {"hp": {"client_optimizer": "sgd"}, "only_algorithms": ["ppdg"],
+                                                            "only_targets": ["0"]}})
+    jobs = expand(spec, tmp_path)
+    assert len(jobs) == 5
+    limited = [j for j in jobs if j.hp.get("client_optimizer") == "sgd"]
+    assert [(j.algorithm, j.target) for j in limited] == [("ppdg", "0")]
+    config = {"algorithm": "ppdg", "target": "0", "hp": {"client_optimizer": "sgd"}}
+    assert variant_of(config, spec.variants) == "sgd_ppdg_0"
+    assert variant_of({**config, "target": "15"}, spec.variants) == "paper"
+    with pytest.raises(ValueError, match="must be a non-empty list"):
+        tiny_spec(variants={"bad": {"only_targets": "0"}})
