@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -120,3 +121,33 @@ def corrupt_adaptation_labels(monkeypatch, shift: int = 1) -> None:
         return built
 
     monkeypatch.setattr(experiment, "build_run", build_then_corrupt)
+
+
+def straight_and_resumed_runs(tmp_path: Path, monkeypatch, trainer_class: type, settings: dict) -> dict[str, dict]:
+    """Run ``settings`` for 3 rounds straight through (``tmp_path/straight``) and with a crash of
+    every ``trainer_class.fit`` in round 3 followed by a resumption (``tmp_path/resumed``).
+
+    Returns:
+        ``{"straight": ..., "resumed": ...}``, each ``{"summary": run summary, "metrics": the
+        metrics of every line of rounds.jsonl}``.
+    """
+    from fedbed.experiment import ExperimentConfig, run_experiment
+    from fedbed.federation.engine import EngineError
+
+    quiet = dict(progress=False, echo=lambda *_: None)
+    straight = run_experiment(ExperimentConfig(run_dir=tmp_path / "straight", rounds=3, **settings), **quiet)
+    fit = trainer_class.fit
+
+    def crash_in_round_3(self, payload, data, state):
+        if payload.config["round"] == 3:
+            raise RuntimeError("power cut")
+        return fit(self, payload, data, state)
+
+    monkeypatch.setattr(trainer_class, "fit", crash_in_round_3)
+    with pytest.raises(EngineError, match="power cut"):
+        run_experiment(ExperimentConfig(run_dir=tmp_path / "resumed", rounds=3, **settings), **quiet)
+    monkeypatch.setattr(trainer_class, "fit", fit)
+    resumed = run_experiment(ExperimentConfig(run_dir=tmp_path / "resumed", rounds=3, **settings), resume=True, **quiet)
+    return {name: {"summary": summary,
+                   "metrics": [json.loads(line)["metrics"] for line in (tmp_path / name / "rounds.jsonl").read_text().splitlines()]}
+            for name, summary in (("straight", straight), ("resumed", resumed))}

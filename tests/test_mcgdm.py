@@ -15,6 +15,7 @@ from fedbed.algorithms.mcgdm import MCGDMStrategy, cosine_learning_rate, matchin
 from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.federation.messages import ClientInfo, Reply
 from fedbed.models import DomainClassifier
+from tests.conftest import straight_and_resumed_runs
 
 
 def zero_head_model() -> DomainClassifier:
@@ -107,27 +108,12 @@ def test_cosine_schedule_runs_from_the_first_to_the_last_round():
 
 def test_a_resumed_mcgdm_run_equals_an_uninterrupted_one(tmp_path, monkeypatch):
     from fedbed.algorithms.mcgdm import MCGDMTrainer
-    from fedbed.federation.engine import EngineError
 
-    settings = dict(algorithm="mcgdm", model="lenet", rounds=3, local_steps=2, batch_size=16, hp={"client_lr": 0.01})
-    quiet = dict(progress=False, echo=lambda *_: None)
-    straight = run_experiment(ExperimentConfig(run_dir=tmp_path / "straight", **settings), **quiet)
-    fit = MCGDMTrainer.fit
-
-    def crash_in_round_3(self, payload, data, state):
-        if payload.config["round"] == 3:
-            raise RuntimeError("power cut")
-        return fit(self, payload, data, state)
-
-    monkeypatch.setattr(MCGDMTrainer, "fit", crash_in_round_3)
-    with pytest.raises(EngineError, match="power cut"):
-        run_experiment(ExperimentConfig(run_dir=tmp_path / "resumed", **settings), **quiet)
-    monkeypatch.setattr(MCGDMTrainer, "fit", fit)
-    resumed = run_experiment(ExperimentConfig(run_dir=tmp_path / "resumed", **settings), resume=True, **quiet)
-    logs = {name: [json.loads(line)["metrics"] for line in (tmp_path / name / "rounds.jsonl").read_text().splitlines()]
-            for name in ("straight", "resumed")}
+    settings = dict(algorithm="mcgdm", model="lenet", local_steps=2, batch_size=16, hp={"client_lr": 0.01})
+    runs = straight_and_resumed_runs(tmp_path, monkeypatch, MCGDMTrainer, settings)
+    logs = {name: run["metrics"] for name, run in runs.items()}
     assert logs["resumed"] == logs["straight"]
-    assert resumed["selection"] == straight["selection"]
+    assert runs["resumed"]["summary"]["selection"] == runs["straight"]["summary"]["selection"]
     assert logs["straight"][0]["mean_lr"] == 0.01 and logs["straight"][2]["mean_lr"] == pytest.approx(1e-4)
     assert logs["straight"][0]["mean_inter"] == 0 and logs["straight"][1]["mean_inter"] > 0
 

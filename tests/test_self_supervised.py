@@ -4,7 +4,6 @@ hand, MoCo's queue across a resumed run, and the CIFAR-style ResNet-18."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -14,12 +13,11 @@ from torch import nn
 from fedbed.algorithms import get_algorithm
 from fedbed.algorithms.registry import AlgorithmContext, TrainingBudget
 from fedbed.algorithms.self_supervised import blend, ema_weight, negative_cosine, nt_xent_loss, queue_contrastive_loss
-from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import Payload
 from fedbed.gradients import clone_arrays
 from fedbed.models import ModelError, build_model
-from tests.conftest import make_dataset, small_model
+from tests.conftest import make_dataset, small_model, straight_and_resumed_runs
 
 SMALL = {"projection_hidden_dim": 16, "projection_dim": 8}
 """Projector widths small enough for fast tests."""
@@ -165,33 +163,20 @@ def test_the_fedema_client_starts_from_its_moving_average():
 
 
 def test_a_resumed_moco_run_equals_an_uninterrupted_one(tmp_path, monkeypatch):
+    """MoCo's momentum encoder and queue live in the client states of the checkpoint."""
     from fedbed.algorithms.self_supervised import SelfSupervisedTrainer
-    from fedbed.federation.engine import EngineError
 
-    settings = dict(algorithm="fedmoco", model="lenet", rounds=3, local_steps=2, batch_size=16, hp=small_hp("fedmoco"),
+    settings = dict(algorithm="fedmoco", model="lenet", local_steps=2, batch_size=16, hp=small_hp("fedmoco"),
                     linear_probe={"epochs": 2})
-    quiet = dict(progress=False, echo=lambda *_: None)
-    straight = run_experiment(ExperimentConfig(run_dir=tmp_path / "straight", **settings), **quiet)
-    fit_method = SelfSupervisedTrainer.fit
-
-    def crash_in_round_3(self, payload, data, state):
-        if payload.config["round"] == 3:
-            raise RuntimeError("power cut")
-        return fit_method(self, payload, data, state)
-
-    monkeypatch.setattr(SelfSupervisedTrainer, "fit", crash_in_round_3)
-    with pytest.raises(EngineError, match="power cut"):
-        run_experiment(ExperimentConfig(run_dir=tmp_path / "resumed", **settings), **quiet)
-    monkeypatch.setattr(SelfSupervisedTrainer, "fit", fit_method)
-    resumed = run_experiment(ExperimentConfig(run_dir=tmp_path / "resumed", **settings), resume=True, **quiet)
-    logs = {name: [json.loads(line)["metrics"] for line in (tmp_path / name / "rounds.jsonl").read_text().splitlines()]
-            for name in ("straight", "resumed")}
-    assert logs["resumed"] == logs["straight"] and len(logs["straight"]) == 3
-    assert resumed["selection"] == straight["selection"]
+    runs = straight_and_resumed_runs(tmp_path, monkeypatch, SelfSupervisedTrainer, settings)
+    assert runs["resumed"]["metrics"] == runs["straight"]["metrics"] and len(runs["straight"]["metrics"]) == 3
+    assert runs["resumed"]["summary"]["selection"] == runs["straight"]["summary"]["selection"]
     checkpoints = [torch.load(tmp_path / name / "checkpoint.pt", weights_only=False) for name in ("straight", "resumed")]
     queues = [[s["buffers"]["queue"] for s in c["client_states"]] for c in checkpoints]
-    assert all(torch.equal(a, b) for a, b in zip(*queues))
-    assert all(torch.equal(a, b) for a, b in zip(checkpoints[0]["strategy"]["model"].values(), checkpoints[1]["strategy"]["model"].values()))
+    keys = [[s["modules"]["key_network"]["0.layers.0.weight"] for s in c["client_states"]] for c in checkpoints]
+    assert all(torch.equal(a, b) for a, b in zip(*queues)) and all(torch.equal(a, b) for a, b in zip(*keys))
+    models = [c["strategy"]["model"] for c in checkpoints]
+    assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])
 
 
 def test_self_supervised_methods_choose_the_linear_probe_and_their_own_views():
