@@ -212,3 +212,21 @@ def test_a_sweep_refuses_finished_jobs_made_from_other_data_and_report_names_the
     assert mixed.exit_code == 2 and "read different data" in mixed.output
     allowed = runner.invoke(app, ["report", str(out), "--selection", "last", "--allow-mixed-data"])
     assert allowed.exit_code == 0 and allowed.output.count("data: ") == 2
+
+
+def test_a_variant_limited_to_one_algorithm_and_target(tmp_path):
+    """An ablation of one method on one target beside the full comparison (FedGaLA's Table 4)."""
+    from fedbed.results import variant_of
+
+    spec = tiny_spec(algorithms=["fedavg", "ppdg"], targets=["0", "15"], seeds=[0], hp={},
+                     variants={"paper": {}, "sgd_ppdg_0": {"hp": {"client_optimizer": "sgd"}, "only_algorithms": ["ppdg"],
+                                                            "only_targets": ["0"]}})
+    jobs = expand(spec, tmp_path)
+    assert len(jobs) == 5
+    limited = [j for j in jobs if j.hp.get("client_optimizer") == "sgd"]
+    assert [(j.algorithm, j.target) for j in limited] == [("ppdg", "0")]
+    config = {"algorithm": "ppdg", "target": "0", "hp": {"client_optimizer": "sgd"}}
+    assert variant_of(config, spec.variants) == "sgd_ppdg_0"
+    assert variant_of({**config, "target": "15"}, spec.variants) == "paper"
+    with pytest.raises(ValueError, match="must be a non-empty list"):
+        tiny_spec(variants={"bad": {"only_targets": "0"}})

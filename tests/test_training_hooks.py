@@ -113,3 +113,16 @@ def test_the_cosine_schedule_sets_each_rounds_learning_rate():
         assert "lr" not in constant.metrics
         assert all(torch.equal(scheduled.arrays[name], constant.arrays[name]) for name in sent)
     assert not torch.equal(first.arrays["classifier.weight"], last.arrays["classifier.weight"])
+
+
+def test_after_step_runs_after_every_optimiser_step():
+    """The after-step hook (a momentum encoder's moving average) sees the parameters the step just set."""
+    torch.manual_seed(0)
+    model = small_model((1, 8, 8), 2)
+    seen: list[torch.Tensor] = []
+    hparams = get_algorithm("fedavg").hyperparameters()
+    train_locally(model, client_data(), hparams, TrainingBudget(batch_size=8, local_steps=3), torch.Generator().manual_seed(0),
+                  lambda batch: nn.functional.cross_entropy(model(batch.inputs), batch.targets),
+                  after_step=lambda: seen.append(model.classifier.bias.detach().clone()))
+    assert len(seen) == 3 and torch.equal(seen[-1], model.classifier.bias)
+    assert not torch.equal(seen[0], seen[1])

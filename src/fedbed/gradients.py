@@ -249,3 +249,71 @@ def gradient_masked_average_mask(updates: torch.Tensor, mask_threshold: float) -
     """
     agreement = sign_agreement(updates)
     return torch.where(agreement >= mask_threshold, torch.ones_like(agreement), agreement)
+
+
+def global_gradient_alignment(
+    updates: torch.Tensor, weights: torch.Tensor, iterations: int = 3
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FedGaLA's global gradient alignment (``fedgala.md``, Sec. 3.3, Algorithm 1 lines 5-10).
+
+    Starting from the FedAvg update ``ĝ = Σ_k (n_k/n) g_k`` (line 6), ``iterations`` times:
+    ``w_k = (cos(g_k, ĝ) + 1) / 2`` (line 8), ``w_k ← w_k / Σ_j w_j`` (line 9) and
+    ``ĝ = Σ_k w_k g_k`` (line 10). Clients whose update points along the consensus get more
+    weight; a client pointing against it keeps a weight in [0, 1/2] before normalisation (the
+    paper does not drop clients at the server).
+
+    Args:
+        updates: ``[K, P]`` client updates ``g_k = Θ_k − Θ^{t−1}`` (any unit: parameter change).
+        weights: ``[K]`` the FedAvg weights n_k / n of line 6 (non-negative, summing to 1).
+        iterations: ``iter`` of line 7 (the paper's default and Fig. 3a's best: 3); 0 gives
+            FedAvg's update and weights.
+
+    Returns:
+        ``(aggregated update [P], alignment weights [K])``, float64; the weights sum to 1. An
+        all-zero update has cosine 0 with everything (weight 1/2 before normalisation); when
+        every cosine is −1 (impossible for the consensus of the same vectors, but for
+        safety) the weights fall back to the FedAvg weights.
+
+    Raises:
+        ValueError: ``updates`` not ``[K, P]`` with K >= 1, ``weights`` not ``[K]``, or
+            ``iterations < 0``.
+    """
+    if updates.dim() != 2 or updates.shape[0] < 1:
+        raise ValueError(f"updates must be [K, P] with K >= 1, got shape {tuple(updates.shape)}")
+    if weights.shape != (updates.shape[0],):
+        raise ValueError(f"weights must be [K] = [{updates.shape[0]}], got shape {tuple(weights.shape)}")
+    if iterations < 0:
+        raise ValueError(f"the number of alignment iterations must be >= 0, got {iterations}")
+    updates, current = updates.to(torch.float64), weights.to(torch.float64)
+    aggregated = current @ updates
+    for _ in range(iterations):
+        alignment = (cosine_similarities(updates, aggregated[None, :])[:, 0] + 1.0) / 2.0
+        total = float(alignment.sum())
+        current = alignment / total if total > 0 else weights.to(torch.float64)
+        aggregated = current @ updates
+    return aggregated, current
+
+
+def update_alignment(step: torch.Tensor, reference: torch.Tensor) -> float:
+    """Cosine between a parameter tensor's update direction and a reference change of it.
+
+    FedGaLA's local alignment test (``fedgala.md``, Sec. 3.3, Algorithm 1 line 18) compares one
+    layer's batch step with the global model's last change ĝ_est = θ^(t) − θ^(t−1). Both must be
+    parameter changes (a gradient g points uphill; its step is −η·g), which the caller ensures.
+
+    Args:
+        step: the proposed change of one parameter tensor (any shape).
+        reference: the reference change, same number of elements.
+
+    Returns:
+        The cosine in [−1, 1]; ``nan`` when either vector is all zeros (undefined: the caller
+        decides what an undefined cosine means).
+
+    Raises:
+        ValueError: the two have different numbers of elements.
+    """
+    if step.numel() != reference.numel():
+        raise ValueError(f"an update of {step.numel()} elements cannot be compared with a reference of {reference.numel()}")
+    a, b = step.detach().reshape(-1).to(torch.float64), reference.detach().reshape(-1).to(torch.float64)
+    scale = float(a.norm() * b.norm())
+    return float(a @ b) / scale if scale > 0 else float("nan")

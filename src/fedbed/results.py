@@ -52,13 +52,20 @@ def sweep_variants(sweep_dir: Path) -> dict[str, dict[str, Any]]:
     return (yaml.safe_load(record.read_text()) or {}).get("variants") or {}
 
 
+VARIANT_LIMITS = {"only_algorithms": "algorithm", "only_targets": "target"}
+"""Keys of a sweep variant that limit it to some of the sweep's algorithms or targets (not
+settings), each with the per-job setting it limits."""
+
+
 def variant_of(config: dict[str, Any], variants: dict[str, dict[str, Any]]) -> str | None:
     """The name of the variant a run's resolved ``config`` was made by: the one with the most
-    settings among those whose every setting (and every ``hp`` value) the config holds; ``None``
-    when the sweep has no variants or none fits."""
+    settings among those whose every setting (and every ``hp`` value) the config holds and whose
+    limits (:data:`VARIANT_LIMITS`) admit its algorithm and target; ``None`` when the sweep has no
+    variants or none fits."""
     def fits(settings: dict[str, Any]) -> bool:
         hp = settings.get("hp") or {}
-        return (all(config.get(key) == value for key, value in settings.items() if key != "hp")
+        return (all(config.get(VARIANT_LIMITS[key]) in value if key in VARIANT_LIMITS else config.get(key) == value
+                    for key, value in settings.items() if key != "hp")
                 and all((config.get("hp") or {}).get(key) == value for key, value in hp.items()))
 
     def size(settings: dict[str, Any]) -> int:

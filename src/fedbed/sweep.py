@@ -16,6 +16,10 @@ A sweep file (YAML)::
     variants:                  # optional: named settings, each a change of ``base`` (one factor at a time)
       adam: {}
       sgd: {hp: {client_optimizer: sgd}}
+      sgd_photo: {hp: {client_optimizer: sgd}, only_algorithms: [fedavg], only_targets: [photo]}
+
+A variant may be limited to some of the sweep's algorithms (``only_algorithms``) and targets
+(``only_targets``), e.g. an ablation of one method on one target beside a full comparison.
 
 Like DomainBed's sweep, a finished job has a ``done`` marker and is skipped when the sweep is
 run again; an unfinished one resumes from its checkpoint.
@@ -41,6 +45,7 @@ from fedbed.data import dataset_spec
 from fedbed.config import PLACEMENT_SETTINGS, ConfigError, ExperimentConfig, config_from_mapping, override_settings, validate
 from fedbed.experiment import run_experiment
 from fedbed.provenance import run_sources, source_fingerprint
+from fedbed.results import VARIANT_LIMITS
 from fedbed.run_directory import CHECKPOINT_NAME, DONE_MARKER, SUMMARY_NAME, SWEEP_RECORD
 
 PER_JOB_KEYS = ("algorithm", "target", "seed", "run_dir")
@@ -89,6 +94,9 @@ class SweepSpec(BaseModel):
             for key in PER_JOB_KEYS:
                 if key in settings:
                     raise ValueError(f"'{key}' is set per job by the sweep; remove it from variant {name!r}")
+            for key in VARIANT_LIMITS:
+                if key in settings and not (isinstance(settings[key], list) and settings[key]):
+                    raise ValueError(f"{key} of variant {name!r} must be a non-empty list, got {settings[key]!r}")
         return variants
 
 
@@ -146,6 +154,9 @@ def expand(spec: SweepSpec, sweep_dir: Path) -> list[ExperimentConfig]:
     variants = list(spec.variants.items()) or [(None, {})]
     made_by: dict[str, str] = {}
     for seed, target, algorithm, (name, variant) in itertools.product(spec.seeds, targets, spec.algorithms, variants):
+        if algorithm not in variant.get("only_algorithms", [algorithm]) or target not in variant.get("only_targets", [target]):
+            continue
+        variant = {key: value for key, value in variant.items() if key not in VARIANT_LIMITS}
         grid = spec.hp.get(algorithm, {})
         names = sorted(grid)
         for values in itertools.product(*(grid[key] for key in names)):

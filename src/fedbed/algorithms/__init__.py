@@ -1,6 +1,18 @@
 """Federated methods, registered by name. Importing this package registers every method."""
 
-from fedbed.algorithms import fedadg, fedavg, fedprox, fedsr, gradient_agreement, hypernetwork, local_only, mcgdm, ppdg  # noqa: F401  (registration)
+from fedbed.algorithms import (  # noqa: F401  (registration)
+    fedadg,
+    fedavg,
+    fedgala,
+    fedprox,
+    fedsr,
+    gradient_agreement,
+    hypernetwork,
+    local_only,
+    mcgdm,
+    ppdg,
+    self_supervised,
+)
 from fedbed.algorithms.registry import (
     ALGORITHMS,
     Algorithm,

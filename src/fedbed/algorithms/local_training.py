@@ -152,6 +152,7 @@ def train_locally(
     batch_loss: Callable[[Batch], torch.Tensor],
     extra_parameters: Sequence[torch.Tensor] = (),
     before_step: Callable[[torch.optim.Optimizer], None] | None = None,
+    after_step: Callable[[], None] | None = None,
     **batch_options: Any,
 ) -> float:
     """Minimise ``batch_loss(batch)`` on ``data`` for the budget with one optimiser.
@@ -167,6 +168,8 @@ def train_locally(
         before_step: called after ``backward`` and before the optimiser's step with the
             optimiser; it may edit or drop (set to ``None``) the gradients of any parameter
             group (FedGaLA's local alignment).
+        after_step: called after every optimiser step (a momentum encoder's or a target
+            network's moving average: MoCo, BYOL).
         batch_options: passed to :func:`run_batches` (augmentation and its seed).
 
     Returns:
@@ -182,6 +185,8 @@ def train_locally(
         if before_step is not None:
             before_step(optimizer)
         optimizer.step()
+        if after_step is not None:
+            after_step()
         return float(loss.detach())
 
     return run_batches(data, budget, generator, step, **batch_options)[0]

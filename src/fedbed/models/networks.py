@@ -168,11 +168,30 @@ def _resnet(depth: int, in_channels: int, weights_path: Path | None) -> tuple[nn
     return network, feature_dim
 
 
+def _cifar_resnet18(in_channels: int) -> tuple[nn.Module, int]:
+    """The CIFAR-style ResNet-18 of FedEMA (Zhuang, Wen, Zhang 2022) that FedGaLA uses
+    (``fedgala.md``, App. B.2): torchvision's ResNet-18 with (i) a 3x3 stride-1 first convolution
+    instead of the 7x7 stride-2 one and no max-pool (He et al. 2016, Sec. 4.2, the CIFAR stem),
+    (ii) a 4x4 average pooling instead of the adaptive one, and (iii) no last linear layer (the
+    classifier of :func:`build_model`; self-supervised methods add their projector).
+    ``[B, C, 32, 32]`` -> ``[B, 512]``.
+    """
+    from torchvision.models import resnet18
+
+    network = resnet18(weights=None)
+    network.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
+    network.maxpool = nn.Identity()
+    network.avgpool = nn.AvgPool2d(4)
+    feature_dim = network.fc.in_features
+    network.fc = nn.Identity()
+    return network, feature_dim
+
+
 class ModelError(ValueError):
     """Raised for an unknown model name, a model that does not fit the data, or unreadable weights."""
 
 
-MODELS = ("mnist_cnn", "lenet", "hfedf_cnn", "resnet18", "resnet50")
+MODELS = ("mnist_cnn", "lenet", "hfedf_cnn", "resnet18", "resnet50", "resnet18_cifar")
 
 
 def build_model(
@@ -188,7 +207,7 @@ def build_model(
         name: one of :data:`MODELS`.
         input_shape: ``(C, H, W)`` of the images.
         num_classes: outputs of the classifier; 1 for a regression head.
-        pretrained_weights: for ResNets only, a local torchvision ImageNet state-dict file
+        pretrained_weights: for ``resnet18`` and ``resnet50`` only, a local torchvision ImageNet state-dict file
             (never downloaded).
         mixstyle: insert MixStyle layers (:func:`fedbed.models.mixstyle.insert_mixstyle`).
 
@@ -206,11 +225,16 @@ def build_model(
         if (height, width) != (32, 32):
             raise ModelError(f"hfedf_cnn takes 32x32 images (hFedF Table 9), got {height}x{width}; set image_size: 32 in the --config file")
         featurizer, dim = HfedfCnn(channels), HfedfCnn.feature_dim
+    elif name == "resnet18_cifar":
+        if (height, width) != (32, 32):
+            raise ModelError(f"resnet18_cifar takes 32x32 images (its 4x4 pooling, FedGaLA App. B.2), got {height}x{width}; "
+                             "set image_size: 32 in the --config file")
+        featurizer, dim = _cifar_resnet18(channels)
     elif name in ("resnet18", "resnet50"):
         featurizer, dim = _resnet(int(name[6:]), channels, pretrained_weights)
     else:
         raise ModelError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
-    if pretrained_weights is not None and not name.startswith("resnet"):
+    if pretrained_weights is not None and name not in ("resnet18", "resnet50"):
         raise ModelError(f"pretrained weights are supported for resnet18/resnet50 only, not {name}")
     if mixstyle:
         try:

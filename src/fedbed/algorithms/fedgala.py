@@ -1,0 +1,275 @@
+"""FedGaLA (``fedgala.md``): federated unsupervised domain generalisation by global and local
+alignment of gradients, on the self-supervised clients of :mod:`fedbed.algorithms.self_supervised`.
+
+**Local alignment** (Sec. 3.3, Algorithm 1 lines 14-22). The server sends every client, as
+read-only payload arrays ``reference/<parameter>``, the global model's last change
+ĝ_est^(l,t) = θ^(l,t) − θ^(l,t−1) (the strategy keeps the previous global model, so a client that
+skipped rounds still gets the right one). After each backward pass, for each layer l the client
+compares its step on that layer with the reference and skips the layer's update when the cosine
+is at most τ (line 18 keeps it when the cosine exceeds τ; τ = 0 by default, Fig. 2d).
+
+Readings of the paper, each tested in ``tests/test_fedgala.py``:
+
+- **A layer is one parameter tensor** (a weight or a bias), as the authors' code loops over
+  ``named_parameters`` and drops ``param.grad``; the paper's "layer l" does not say more.
+- **Like with like.** ĝ_est is a parameter change (downhill) while a batch gradient g points
+  uphill, so the test compares the step direction −g with ĝ_est: an update that moves the layer
+  along the global model's last change is kept, one moving against it is dropped. (The authors'
+  code compares +g with ĝ_est, which keeps exactly the updates that undo the global change;
+  Sec. 3.3's rationale, "discarding local gradients that are not aligned with the global
+  model", reads as the test here.) The step is −g whatever the optimiser (Adam rescales it per
+  coordinate; the paper writes plain SGD in line 20).
+- **Round 1** has no previous global model: no reference is sent, nothing is compared or
+  discarded, and no discard ratio is logged for it.
+- **An all-zero reference** (a layer that did not change, e.g. the classifier head the
+  self-supervised loss never trains, or a layer every client discarded the round before) has no
+  direction: the cosine is undefined and the update is kept (discarding it would freeze such a
+  layer forever).
+- **Skipping** sets the parameter's gradient to ``None``, so the optimiser leaves that tensor
+  unchanged for that step (Adam's moments and its weight decay included).
+- **Discard ratio** (Fig. 2b): per parameter, discarded steps over compared steps in the round;
+  ``discard_ratio`` is over all compared (parameter, step) pairs. Both are reply metrics
+  (``discard_ratio``, ``discard_ratio/<parameter>``) and their means over the clients are the
+  round summary's metrics of the same names.
+
+**Global alignment** (Algorithm 1 lines 5-13): :func:`fedbed.gradients.global_gradient_alignment`
+on the client updates g_i = Θ_i − Θ^{t−1} over every trainable parameter (the whole model as
+one vector, as the Algorithm writes it; the authors' code runs it per state-dict entry), from
+the FedAvg update, ``iter`` = 3 times; the global model moves by the aggregated update (line 12's
+Θ^(t) is the model the clients started from); buffers (BatchNorm statistics) are FedAvg's
+n_k/n average. The weights are logged per round (``telemetry.weights``, ``fedbed plot
+alignment``). :class:`GlobalAlignmentStrategy` is usable with any client trainer:
+``fedavg_global_alignment`` registers it with FedAvg's supervised clients.
+
+**Ablations** (Tables 3, 4, 6, 7): ``global_alignment``, ``local_alignment`` (both off is
+FedSimCLR, Table 4's last row), ``unaligned_update=reweight`` with ``reweight_factor`` (Table 6:
+the unaligned step is multiplied by the factor instead of dropped), ``objective`` (Table 3: MoCo,
+BYOL or SimSiam instead of SimCLR; their other settings are the objective's defaults, but
+FedGaLA's ``temperature`` applies to MoCo too, and the optimiser is FedGaLA's), and Table 7's
+``l2_coefficient`` and ``proximal_coefficient``.
+
+Defaults (App. B.3): Adam, learning rate 3e-3, batch 128 and 7 local epochs of 100 rounds (run
+settings, ``docs/configs/pacs32-fedgala.yaml``), τ = 0, ``iter`` = 3, SimCLR's temperature 0.5.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm
+from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
+from fedbed.algorithms.self_supervised import (
+    OBJECTIVES,
+    Objective,
+    SelfSupervisedAlgorithm,
+    SelfSupervisedModel,
+    SelfSupervisedTrainer,
+    SimCLRHyperparameters,
+    StepHook,
+)
+from fedbed.algorithms.update_aggregation import UpdateAggregationStrategy
+from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
+from fedbed.gradients import global_gradient_alignment, update_alignment
+
+REFERENCE_PREFIX = "reference/"
+"""Read-only payload arrays ``reference/<parameter>``: the global model's last change."""
+
+DISCARD_METRIC = "discard_ratio"
+"""Reply and round metric: the share of compared layer updates that local alignment skipped."""
+
+
+class LocalAlignment:
+    """The before-step hook of FedGaLA's local alignment (module docstring for the readings).
+
+    Args:
+        model: the model being trained; its parameters named in ``reference`` are tested.
+        reference: parameter name -> ĝ_est of that parameter (same shape).
+        threshold: τ; a layer's step is kept only when its cosine with ĝ_est exceeds τ.
+        unaligned_update: ``discard`` (Algorithm 1) or ``reweight`` (Table 6).
+        reweight_factor: the factor an unaligned gradient is multiplied by under ``reweight``.
+
+    Raises:
+        ValueError: a reference whose shape differs from its parameter's.
+    """
+
+    def __init__(self, model: nn.Module, reference: dict[str, torch.Tensor], threshold: float = 0.0,
+                 unaligned_update: str = "discard", reweight_factor: float = 0.01) -> None:
+        self.parameters = [(name, p) for name, p in model.named_parameters() if name in reference]
+        for name, parameter in self.parameters:
+            if reference[name].shape != parameter.shape:
+                raise ValueError(f"the reference change of {name} has shape {tuple(reference[name].shape)}, "
+                                 f"the parameter {tuple(parameter.shape)}: server and client models differ")
+        self.reference = reference
+        self.threshold = threshold
+        self.unaligned_update = unaligned_update
+        self.reweight_factor = reweight_factor
+        self.discarded = {name: 0 for name, _ in self.parameters}
+        self.compared = dict.fromkeys(self.discarded, 0)
+
+    def __call__(self, optimizer: torch.optim.Optimizer) -> None:
+        """Test every referenced parameter's step −g; skip or shrink the unaligned ones."""
+        for name, parameter in self.parameters:
+            if parameter.grad is None:
+                continue
+            cosine = update_alignment(-parameter.grad, self.reference[name])
+            if cosine != cosine:  # undefined (a zero reference or gradient): keep
+                continue
+            self.compared[name] += 1
+            if cosine <= self.threshold:
+                self.discarded[name] += 1
+                if self.unaligned_update == "discard":
+                    parameter.grad = None
+                else:
+                    parameter.grad.mul_(self.reweight_factor)
+
+    def metrics(self) -> dict[str, float]:
+        """``discard_ratio`` over all compared updates and ``discard_ratio/<parameter>`` for each
+        parameter compared at least once (Fig. 2b)."""
+        total = sum(self.compared.values())
+        metrics = {DISCARD_METRIC: sum(self.discarded.values()) / total if total else 0.0}
+        metrics.update({f"{DISCARD_METRIC}/{name}": self.discarded[name] / count
+                        for name, count in self.compared.items() if count})
+        return metrics
+
+
+def reference_of(payload: Payload) -> dict[str, torch.Tensor]:
+    """The reference changes the server sent (parameter name -> ĝ_est); empty in round 1."""
+    return {name.removeprefix(REFERENCE_PREFIX): tensor for name, tensor in payload.read_only_arrays.items()
+            if name.startswith(REFERENCE_PREFIX)}
+
+
+class GlobalAlignmentStrategy(UpdateAggregationStrategy):
+    """FedGaLA's server: global gradient alignment of the client updates and, for local
+    alignment, the global model's last change sent to every client.
+
+    Args:
+        seed: the run's seed.
+        global_alignment: reweight by alignment (Algorithm 1 lines 7-10); ``False`` keeps
+            FedAvg's n_k/n weights (Table 4, "w/o GA").
+        iterations: ``iter`` of line 7.
+        send_reference: send ``reference/<parameter>`` read-only arrays (local alignment).
+    """
+
+    def __init__(self, seed: int = 0, global_alignment: bool = True, iterations: int = 3, send_reference: bool = False) -> None:
+        super().__init__(seed)
+        self.global_alignment = global_alignment
+        self.iterations = iterations
+        self.send_reference = send_reference
+        self.previous: dict[str, torch.Tensor] | None = None
+
+    def initialize(self, model: nn.Module, clients: list[ClientInfo]) -> None:
+        super().initialize(model, clients)
+        self.previous = None
+
+    def configure_round(self, round_number: int, selected: list[int]) -> dict[int, Payload]:
+        payloads = super().configure_round(round_number, selected)
+        if self.send_reference and self.previous is not None:
+            reference = {f"{REFERENCE_PREFIX}{name}": (parameter.detach() - self.previous[name]).clone()
+                         for name, parameter in self.model.named_parameters()}
+            for payload in payloads.values():
+                payload.read_only_arrays = reference
+        return payloads
+
+    def aggregate_updates(self, updates: torch.Tensor, weights: torch.Tensor, generator: torch.Generator):
+        iterations = self.iterations if self.global_alignment else 0
+        aggregated, alignment_weights = global_gradient_alignment(updates, weights, iterations)
+        return aggregated, {"weights": alignment_weights.tolist(), "fedavg_weights": weights.tolist()}
+
+    def aggregate(self, round_number: int, replies: dict[int, Reply]) -> RoundSummary:
+        previous = {name: parameter.detach().clone() for name, parameter in self.model.named_parameters()}
+        summary = super().aggregate(round_number, replies)
+        self.previous = previous
+        names = sorted({name for reply in replies.values() for name in reply.metrics if name.startswith(DISCARD_METRIC)})
+        for name in names:
+            values = [reply.metrics[name] for reply in replies.values() if name in reply.metrics]
+            summary.metrics[name] = sum(values) / len(values)
+        return summary
+
+    def state_dict(self) -> dict[str, Any]:
+        previous = None if self.previous is None else {n: t.clone() for n, t in self.previous.items()}
+        return {**super().state_dict(), "previous": previous}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.previous = state["previous"]
+
+
+class FedGaLAHyperparameters(SimCLRHyperparameters):
+    """FedGaLA's hyperparameters (module docstring for the sources).
+
+    Attributes:
+        objective: the self-supervised objective (SimCLR, Sec. 4; Table 3: MoCo, BYOL).
+        local_alignment: Algorithm 1 lines 17-21 (Table 4, "w/o LA").
+        global_alignment: Algorithm 1 lines 7-10 (Table 4, "w/o GA").
+        alignment_threshold: τ of line 18 (0, Fig. 2d).
+        alignment_iterations: ``iter`` of line 7 (3, Fig. 3a).
+        unaligned_update: ``discard`` (FedGaLA) or ``reweight`` (Table 6).
+        reweight_factor: Table 6's factor (0.001, 0.01, 0.1; default 0.01, its best mean).
+    """
+
+    objective: Literal[tuple(OBJECTIVES)] = "simclr"
+    local_alignment: bool = True
+    global_alignment: bool = True
+    alignment_threshold: float = Field(0.0, ge=-1, le=1)
+    alignment_iterations: int = Field(3, ge=0)
+    unaligned_update: Literal["discard", "reweight"] = "discard"
+    reweight_factor: float = Field(0.01, gt=0, le=1)
+
+
+class FedGaLATrainer(SelfSupervisedTrainer):
+    """A self-supervised client with FedGaLA's local alignment between backward and step."""
+
+    hparams: FedGaLAHyperparameters
+
+    def step_hook(self, payload: Payload, model: SelfSupervisedModel) -> tuple[StepHook | None, Callable[[], dict[str, float]]]:
+        reference = reference_of(payload)
+        if not (self.hparams.local_alignment and reference):
+            return None, dict
+        hook = LocalAlignment(model, reference, self.hparams.alignment_threshold, self.hparams.unaligned_update,
+                              self.hparams.reweight_factor)
+        return hook, hook.metrics
+
+
+@register_algorithm
+class FedGaLA(SelfSupervisedAlgorithm):
+    """FedGaLA (``fedgala.md``, Algorithm 1): local and global gradient alignment on SimCLR clients."""
+
+    name = "fedgala"
+    summary = ("FedGaLA: SimCLR clients that skip layer updates unaligned with the global model's last change "
+               "(local alignment) and a server reweighting client updates by their alignment (global alignment).")
+    hyperparameters = FedGaLAHyperparameters
+    trainer_class = FedGaLATrainer
+
+    def build_objective(self, hparams: FedGaLAHyperparameters) -> Objective:
+        return OBJECTIVES[hparams.objective].from_hyperparameters(hparams)
+
+    def create_strategy(self, hparams: FedGaLAHyperparameters, context: AlgorithmContext) -> GlobalAlignmentStrategy:
+        return GlobalAlignmentStrategy(context.seed, hparams.global_alignment, hparams.alignment_iterations,
+                                       send_reference=hparams.local_alignment)
+
+
+class GlobalAlignmentHyperparameters(LocalTrainingHyperparameters):
+    """FedAvg's client optimiser and ``iter`` of FedGaLA's global alignment (3, Fig. 3a)."""
+
+    alignment_iterations: int = Field(3, ge=0)
+
+
+@register_algorithm
+class FedAvgGlobalAlignment(SupervisedAlgorithm):
+    """FedAvg's supervised clients with FedGaLA's global gradient alignment on the server."""
+
+    name = "fedavg_global_alignment"
+    summary = "FedAvg clients; server reweights client updates by their alignment with the consensus (FedGaLA Alg. 1, lines 5-13)."
+    hyperparameters = GlobalAlignmentHyperparameters
+
+    def create_strategy(self, hparams: GlobalAlignmentHyperparameters, context: AlgorithmContext) -> GlobalAlignmentStrategy:
+        return GlobalAlignmentStrategy(context.seed, True, hparams.alignment_iterations)
+
+
+__all__ = ["FedAvgGlobalAlignment", "FedGaLA", "FedGaLAHyperparameters", "GlobalAlignmentStrategy", "LocalAlignment",
+           "reference_of"]

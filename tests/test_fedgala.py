@@ -1,0 +1,178 @@
+"""FedGaLA (fedgala.md): local alignment keeps steps along the global model's last change and drops
+those against it; global alignment on hand-made vectors; the reference the server sends; the
+ablation switches and the logged discard ratios and weights."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from fedbed.algorithms import get_algorithm
+from fedbed.algorithms.fedgala import GlobalAlignmentStrategy, LocalAlignment, reference_of
+from fedbed.algorithms.local_training import make_optimizer
+from fedbed.experiment import ExperimentConfig, run_experiment
+from fedbed.federation.messages import ClientInfo, Reply
+from fedbed.gradients import global_gradient_alignment, update_alignment
+from fedbed.models import DomainClassifier
+
+SMALL = {"projection_hidden_dim": 16, "projection_dim": 8}
+
+
+def one_weight_model() -> nn.Linear:
+    model = nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        model.weight.zero_()
+    return model
+
+
+def step_with_gradient(model, gradient, reference, **options):
+    """One SGD step (lr 1) with the given gradient through the local-alignment hook."""
+    hook = LocalAlignment(model, {"weight": reference}, **options)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    model.weight.grad = gradient.clone().view(1, 2)
+    hook(optimizer)
+    optimizer.step()
+    return hook
+
+
+def test_a_step_along_the_global_change_is_kept_and_one_against_it_dropped():
+    reference = torch.tensor([[1.0, 0.0]])  # the global model's weight grew along the first axis
+    along = one_weight_model()
+    hook = step_with_gradient(along, torch.tensor([-1.0, 0.5]), reference)  # step -g = (1, -0.5): cosine > 0
+    assert torch.allclose(along.weight, torch.tensor([[1.0, -0.5]])) and hook.metrics()["discard_ratio"] == 0.0
+    against = one_weight_model()
+    hook = step_with_gradient(against, torch.tensor([1.0, 0.5]), reference)  # step (-1, -0.5): cosine < 0
+    assert torch.equal(against.weight, torch.zeros(1, 2)) and hook.metrics() == {"discard_ratio": 1.0, "discard_ratio/weight": 1.0}
+    # "at most τ" is dropped: a step orthogonal to the reference (cosine 0) is skipped at τ = 0 ...
+    orthogonal = one_weight_model()
+    step_with_gradient(orthogonal, torch.tensor([0.0, -1.0]), reference)
+    assert torch.equal(orthogonal.weight, torch.zeros(1, 2))
+    # ... and kept at τ = -0.1 (Fig. 2d's lower threshold).
+    step_with_gradient(orthogonal, torch.tensor([0.0, -1.0]), reference, threshold=-0.1)
+    assert torch.allclose(orthogonal.weight, torch.tensor([[0.0, 1.0]]))
+
+
+def test_reweighting_shrinks_the_unaligned_step_and_a_zero_reference_keeps_it():
+    reweighted = one_weight_model()
+    hook = step_with_gradient(reweighted, torch.tensor([1.0, 0.5]), torch.tensor([[1.0, 0.0]]),
+                              unaligned_update="reweight", reweight_factor=0.1)
+    assert torch.allclose(reweighted.weight, torch.tensor([[-0.1, -0.05]])) and hook.metrics()["discard_ratio"] == 1.0
+    unchanged_layer = one_weight_model()
+    hook = step_with_gradient(unchanged_layer, torch.tensor([1.0, 0.5]), torch.zeros(1, 2))
+    assert torch.allclose(unchanged_layer.weight, torch.tensor([[-1.0, -0.5]]))  # undefined cosine: kept
+    assert hook.metrics() == {"discard_ratio": 0.0}  # and not counted as compared
+    assert math.isnan(update_alignment(torch.ones(2), torch.zeros(2)))
+    with pytest.raises(ValueError, match="server and client models differ"):
+        LocalAlignment(one_weight_model(), {"weight": torch.zeros(3)})
+
+
+def test_with_adam_the_discarded_layer_does_not_move_at_all():
+    """A dropped gradient is None, so Adam's step (and its weight decay) leaves the tensor alone."""
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+    hparams = get_algorithm("fedgala").hyperparameters(client_weight_decay=0.1)
+    optimizer = make_optimizer(model.parameters(), hparams)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model(torch.randn(4, 2)).sum().backward()
+    # reference for layer 0's weight exactly against its step, for layer 1's weight exactly along it
+    reference = {"0.weight": model[0].weight.grad.clone(), "1.weight": -model[1].weight.grad.clone()}
+    hook = LocalAlignment(model, reference)
+    hook(optimizer)
+    optimizer.step()
+    assert torch.equal(model[0].weight, before["0.weight"]) and not torch.equal(model[1].weight, before["1.weight"])
+    assert hook.metrics()["discard_ratio"] == 0.5
+
+
+def test_global_alignment_on_three_hand_made_vectors():
+    # g1 = (1, 0), g2 = (0, 1), g3 = (1, 0), FedAvg weights 1/3 each: ĝ0 = (2/3, 1/3).
+    # cos(g1, ĝ0) = cos(g3, ĝ0) = 2/√5, cos(g2, ĝ0) = 1/√5; w = (cos + 1) / 2, normalised.
+    updates = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+    weights = torch.full((3,), 1 / 3, dtype=torch.float64)
+    high, low = (2 / math.sqrt(5) + 1) / 2, (1 / math.sqrt(5) + 1) / 2
+    w1 = torch.tensor([high, low, high]) / (2 * high + low)
+    aggregated, alignment = global_gradient_alignment(updates, weights, iterations=1)
+    assert torch.allclose(alignment, w1.double()) and torch.allclose(aggregated, torch.tensor([2 * w1[0], w1[1]]).double())
+    # Second iteration from ĝ1 = (a, b), a = 2 w1[0], b = w1[1]: cos(g1, ĝ1) = a / |ĝ1|, cos(g2, ĝ1) = b / |ĝ1|.
+    a, b = float(2 * w1[0]), float(w1[1])
+    norm = math.hypot(a, b)
+    high2, low2 = (a / norm + 1) / 2, (b / norm + 1) / 2
+    w2 = torch.tensor([high2, low2, high2], dtype=torch.float64) / (2 * high2 + low2)
+    aggregated2, alignment2 = global_gradient_alignment(updates, weights, iterations=2)
+    assert torch.allclose(alignment2, w2) and torch.allclose(aggregated2, w2 @ updates.double())
+    assert float(alignment2[1]) < float(alignment[1]) < 1 / 3  # the odd client loses weight with every iteration
+    fedavg, kept = global_gradient_alignment(updates, weights, iterations=0)
+    assert torch.equal(kept, weights) and torch.allclose(fedavg, torch.tensor([2 / 3, 1 / 3], dtype=torch.float64))
+    with pytest.raises(ValueError, match="weights must be"):
+        global_gradient_alignment(updates, weights[:2])
+
+
+def replies_of(model, shifts):
+    state = model.state_dict()
+    return {c: Reply({k: v + shift for k, v in state.items()}, num_examples=10, metrics={"loss": 1.0, "discard_ratio": 0.25 * c})
+            for c, shift in shifts.items()}
+
+
+def test_the_server_sends_the_global_models_last_change_read_only():
+    torch.manual_seed(0)
+    model = DomainClassifier(nn.Flatten(), nn.Linear(2, 2), 2)
+    strategy = GlobalAlignmentStrategy(send_reference=True)
+    strategy.initialize(model, [ClientInfo(c, 10, (c,)) for c in range(3)])
+    assert all(p.read_only_arrays == {} for p in strategy.configure_round(1, [0, 1, 2]).values())  # round 1: none
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    summary = strategy.aggregate(1, replies_of(model, {0: 1.0, 1: 1.0, 2: 1.0}))
+    assert summary.metrics["discard_ratio"] == pytest.approx(0.25)  # mean over the clients' ratios
+    assert summary.telemetry["weights"] == pytest.approx([1 / 3] * 3) and summary.telemetry["clients"] == [0, 1, 2]
+    payloads = strategy.configure_round(2, [1])
+    reference = reference_of(payloads[1])
+    assert set(reference) == {"classifier.weight", "classifier.bias"} and set(payloads[1].arrays) == set(model.state_dict())
+    assert torch.allclose(reference["classifier.bias"], model.state_dict()["classifier.bias"] - before["classifier.bias"])
+    assert torch.allclose(reference["classifier.bias"], torch.ones(2))  # every client moved by +1
+    restored = GlobalAlignmentStrategy(send_reference=True)
+    restored.initialize(DomainClassifier(nn.Flatten(), nn.Linear(2, 2), 2), [])
+    restored.load_state_dict(strategy.state_dict())
+    assert torch.equal(reference_of(restored.configure_round(2, [0])[0])["classifier.weight"], reference["classifier.weight"])
+
+
+def run(tmp_path, name, **hp):
+    config = ExperimentConfig(algorithm="fedgala", model="lenet", rounds=2, local_steps=2, batch_size=16, hp={**SMALL, **hp},
+                              run_dir=tmp_path / name, linear_probe={"epochs": 2})
+    run_experiment(config, progress=False, echo=lambda *_: None)
+    return [json.loads(line) for line in (tmp_path / name / "rounds.jsonl").read_text().splitlines()]
+
+
+def test_fedgala_logs_discard_ratios_and_weights_and_its_switches_work(tmp_path):
+    rounds = run(tmp_path, "full")
+    assert "discard_ratio" not in rounds[0]["metrics"]  # round 1: no reference, no discard
+    second = rounds[1]["metrics"]
+    assert 0.0 <= second["discard_ratio"] <= 1.0
+    per_layer = [k for k in second if k.startswith("discard_ratio/")]
+    assert "discard_ratio/featurizer.layers.0.weight" in per_layer and "discard_ratio/projector.0.weight" in per_layer
+    weights = rounds[1]["telemetry"]["weights"]
+    assert sum(weights) == pytest.approx(1.0) and weights != rounds[1]["telemetry"]["fedavg_weights"]
+    without_local = run(tmp_path, "no_local", local_alignment=False)
+    assert not any(k.startswith("discard_ratio") for k in without_local[1]["metrics"])
+    without_global = run(tmp_path, "no_global", global_alignment=False)
+    assert without_global[1]["telemetry"]["weights"] == without_global[1]["telemetry"]["fedavg_weights"]
+    reweighted = run(tmp_path, "reweight", unaligned_update="reweight", reweight_factor=0.01, l2_coefficient=0.001,
+                     proximal_coefficient=0.01)
+    assert "discard_ratio" in reweighted[1]["metrics"]
+
+
+def test_global_alignment_works_with_supervised_clients(tmp_path):
+    config = ExperimentConfig(algorithm="fedavg_global_alignment", model="lenet", rounds=1, local_steps=2, batch_size=16,
+                              run_dir=tmp_path)
+    summary = run_experiment(config, progress=False, echo=lambda *_: None)
+    telemetry = json.loads((tmp_path / "rounds.jsonl").read_text())["telemetry"]
+    assert sum(telemetry["weights"]) == pytest.approx(1.0) and len(telemetry["weights"]) == 5
+    assert summary["evaluation"]["protocol"] == "argmax"
+
+
+def test_fedgala_runs_with_other_objectives_table_3():
+    spec = get_algorithm("fedgala")
+    for objective, expected in (("moco", "MoCoObjective"), ("byol", "BYOLObjective"), ("simclr", "SimCLRObjective")):
+        built = spec.build_objective(spec.hyperparameters(objective=objective))
+        assert type(built).__name__ == expected
+    assert spec.build_objective(spec.hyperparameters(objective="moco")).temperature == 0.5  # FedGaLA's temperature
