@@ -89,3 +89,31 @@ def test_csv_report_is_tidy_numbers(tmp_path):
     assert (float(ood_a["mean"]), float(ood_a["std"]), ood_a["n"]) == (11.0, pytest.approx(math.sqrt(2)), "2")
     ood_b = next(r for r in records if r["target"] == "b" and r["metric"] == "ood")
     assert ood_b["std"] == "" and ood_b["se"] == "" and len(records) == 4
+
+
+def test_a_t_test_of_identical_columns_says_why_it_is_undefined():
+    from fedbed.reporting import t_test_rows
+
+    runs = [{**summary(label, target, 0, ood), "label": label}
+            for label, shift in (("a", 0.0), ("b", 0.0)) for target, ood in (("t1", 10.0), ("t2", 20.0))]
+    rows = t_test_rows(runs, ["a", "b"], "a", "last")
+    assert rows[1] == ["b", "2", "+0.00", "undefined", "undefined: the paired differences do not vary"]
+
+
+def test_curves_have_markers_and_integer_round_ticks_and_alignment_plots_name_the_run(tmp_path):
+    import json
+
+    import matplotlib.pyplot as plt
+    import yaml
+
+    from fedbed.plots import _plot_mean_band, client_domains, run_title
+
+    figure, axis = plt.subplots()
+    _plot_mean_band(axis, [{"round": 1, "ood_mean": 50.0}], "ood_mean", "fedavg")
+    assert axis.lines[0].get_marker() == "o"
+    assert all(float(tick).is_integer() for tick in axis.get_xticks())
+    plt.close(figure)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"algorithm": "ppdg", "dataset": "PACS", "target": "photo", "seed": 2}))
+    (tmp_path / "summary.json").write_text(json.dumps({"clients": [["art_painting"], ["cartoon"], ["sketch"]]}))
+    assert run_title(tmp_path) == f"ppdg on PACS, target photo, seed 2 ({tmp_path.name})"
+    assert client_domains(tmp_path, [0, 2]) == "0 = art_painting, 2 = sketch"

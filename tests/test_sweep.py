@@ -155,6 +155,10 @@ def test_html_report_renders_in_headless_chromium(tmp_path):
         capture_output=True, text=True, timeout=120,
     ).stdout
     assert "<table id=\"ood\">" in dom and "fedavg" in dom and "± std over seeds" in dom
+    # Headings in words and the settings a reader needs to place the numbers.
+    assert "Accuracy on the unseen target domain (ood)" in dom and "Accuracy against rounds, target 0" in dom
+    assert "<th>budget</th><td>2 rounds x 1 local step, batch 16</td>" in dom.replace("\n", "")
+    assert "<th>seeds</th><td>0, 1</td>" in dom and "<th>FedBed</th>" in dom and "embedded MNIST sample" in dom
 
 
 def test_variants_change_one_factor_of_base_and_label_the_runs(tmp_path):

@@ -304,6 +304,7 @@ def report(
         html_report,
         mixed_code_warning,
         report_summaries,
+        sweep_settings,
         sweep_tables,
         tidy_rows,
         to_csv,
@@ -342,7 +343,11 @@ def report(
         from fedbed.plots import plot_sweep
 
         images = plot_sweep(sweep_dir, selection)
-        html.write_text(html_report(tables, images, f"FedBed report: {sweep_dir.name} ({selection})", notes))
+        summaries = collect_summaries(sweep_dir)
+        configs = [yaml.safe_load(path.read_text()) or {} for path in sorted(sweep_dir.rglob("config.yaml"))]
+        html.write_text(html_report(tables, images, f"FedBed report: {sweep_dir.name} ({selection})",
+                                    [note for note in notes if not note.startswith("data: ")],  # in the settings block
+                                    sweep_settings(summaries, configs, selection)))
         typer.echo(f"HTML report: {html}")
 
 

@@ -86,6 +86,7 @@ def plot_alignment(run_dir: Path, max_heatmaps: int = 16) -> list[Path]:
         axis.set_xlabel("client")
         axis.set_ylabel("client")
         figure.colorbar(image, ax=axis, label="cosine of client updates")
+        axis.set_title(f"{run_title(run_dir)}, round {record['round']}", fontsize="small")
         path = out / "cosine" / f"round_{record['round']:04d}.png"
         figure.savefig(path, dpi=100, bbox_inches="tight")
         plt.close(figure)
@@ -123,15 +124,56 @@ def plot_alignment(run_dir: Path, max_heatmaps: int = 16) -> list[Path]:
     axes[1].set_ylabel("update norm ||Δθ||")
     axes[1].legend(fontsize="small", ncol=min(4, len(clients)))
     axes[2].set_ylabel("aggregation weight")
+    # Weights live in [0, 1] (FedAvg's n_k/n, reweightings): a fixed range keeps equal weights
+    # a flat line instead of magnifying rounding noise into a slope.
+    top = max([1.0] + [w for r in records for w in _aggregation_weights(r).values()])
+    axes[2].set_ylim(min([0.0] + [w for r in records for w in _aggregation_weights(r).values()]), top * 1.05)
     if masked:
         axes[3].plot(*zip(*masked), marker="o")
         axes[3].set_ylabel("masked fraction")
     axes[-1].set_xlabel("round")
+    axes[0].yaxis.set_major_locator(MaxNLocator(integer=True))  # a count of pairs, from 0
+    axes[0].set_ylim(-0.5, max([1] + [r["alignment"]["conflicting_pairs"] for r in records]) + 0.5)
+    round_axis(axes[-1], rounds)
+    figure.suptitle(f"{run_title(run_dir)}\nclients: {client_domains(run_dir, clients)}", fontsize="medium")
     path = out / "alignment_over_rounds.png"
     figure.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(figure)
     written.append(path)
     return written
+
+
+def round_axis(axis, rounds: list[int]) -> None:
+    """Whole-round ticks on ``axis``'s x-axis; a single round gets a window of one round either
+    side (matplotlib's default ±5% would tick 0.945 … 1.050)."""
+    if len(set(rounds)) == 1:
+        axis.set_xlim(rounds[0] - 1, rounds[0] + 1)
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def run_title(run_dir: Path) -> str:
+    """``"<algorithm> on <dataset>, target <target>, seed <seed> (<folder>)"`` from the run's
+    ``config.yaml``, or the folder name alone for a run without one."""
+    import yaml
+
+    from fedbed.run_directory import CONFIG_NAME
+
+    config_path = run_dir / CONFIG_NAME
+    if not config_path.is_file():
+        return run_dir.name
+    config = yaml.safe_load(config_path.read_text()) or {}
+    return (f"{config.get('algorithm')} on {config.get('dataset')}, target {config.get('target')}, "
+            f"seed {config.get('seed')} ({run_dir.name})")
+
+
+def client_domains(run_dir: Path, clients: list[int]) -> str:
+    """``"0 = art_painting, 1 = cartoon"``: each client and the domains it holds, from the run's
+    ``summary.json`` (client ids alone while the run has none)."""
+    from fedbed.run_directory import SUMMARY_NAME
+
+    summary_path = run_dir / SUMMARY_NAME
+    held = json.loads(summary_path.read_text()).get("clients", []) if summary_path.is_file() else []
+    return ", ".join(f"{c} = {'+'.join(held[c])}" if c < len(held) else str(c) for c in clients)
 
 
 def _finite(value: float | None) -> float:
@@ -157,9 +199,9 @@ def _mean_std_by_round(rows: list[dict[str, Any]], key: str) -> tuple[list[int],
 def _plot_mean_band(axis, rows: list[dict[str, Any]], key: str, label: str) -> None:
     """One line of ``row[key]`` vs round (mean over ``rows``) with a band of ± one std."""
     rounds, means, spreads = _mean_std_by_round(rows, key)
-    axis.plot(rounds, means, label=label)
+    axis.plot(rounds, means, label=label, marker="o", markersize=3)
     axis.fill_between(rounds, [m - s for m, s in zip(means, spreads)], [m + s for m, s in zip(means, spreads)], alpha=0.2)
-    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    round_axis(axis, rounds)
 
 
 def plot_sweep(sweep_dir: Path, selection: str = "train_domain_val") -> list[Path]:

@@ -218,6 +218,10 @@ def t_test_rows(summaries: list[dict[str, Any]], labels: Sequence[str], baseline
             continue
         t, p = paired_t_test(method, base)
         difference = sum(a - b for a, b in zip(method, base)) / len(method)
+        if math.isnan(t):  # every pair differs by the same amount (e.g. identical runs): no variance to test
+            rows.append([label, str(len(method)), f"{difference:+.2f}", "undefined",
+                         "undefined: the paired differences do not vary"])
+            continue
         rows.append([label, str(len(method)), f"{difference:+.2f}", f"{t:.2f}", f"{p:.3g}"])
     return rows
 
@@ -314,19 +318,67 @@ RENDERERS = {"markdown": to_markdown, "latex": to_latex}
 """Renderers of the formatted tables; ``csv`` writes :func:`tidy_rows` instead."""
 
 
-def html_report(tables: dict[str, list[list[str]]], images: list[Path], title: str, notes: Sequence[str] = ()) -> str:
-    """One self-contained HTML page: the notes (e.g. :func:`evaluation_notes`), the tables and the
-    PNG plots embedded as base64."""
+TABLE_HEADINGS = {
+    "ood": "Accuracy on the unseen target domain (ood)",
+    "id": "Accuracy on the source domains' validation holdouts (id)",
+    "t_test": "Paired t-tests against the baseline",
+    "selected_hyperparameters": "Hyperparameters selected by source-domain validation",
+}
+"""Headings of the report's tables, by their key in :func:`sweep_tables`."""
+
+
+def image_heading(stem: str) -> str:
+    """The heading of a plot of :func:`fedbed.plots.plot_sweep`, by its file stem."""
+    if stem.startswith("curve_"):
+        return f"Accuracy against rounds, target {stem.removeprefix('curve_')}"
+    if stem.startswith("domains_"):
+        return f"Accuracy per domain ({stem.removeprefix('domains_')} selection)"
+    if stem == "alignment_over_rounds":
+        return "Agreement of the client updates against rounds"
+    return stem
+
+
+def sweep_settings(summaries: list[dict[str, Any]], configs: list[dict[str, Any]], selection: str) -> list[tuple[str, str]]:
+    """The settings block of a report: dataset, data, budget, seeds, selection and FedBed's
+    version, each the set of values found among the runs (``summary.json`` and ``config.yaml``)."""
+    from importlib.metadata import version
+
+    def values(items) -> str:
+        found = sorted({str(item) for item in items})
+        return ", ".join(found) if found else "unrecorded"
+
+    def plural(count: Any, noun: str) -> str:
+        return f"{count} {noun}" + ("" if count == 1 else "s")
+
+    budgets = [plural(c.get("rounds"), "round") + " x " + (plural(c["local_epochs"], "local epoch") if c.get("local_epochs")
+                                                            else plural(c.get("local_steps"), "local step"))
+               + f", batch {c.get('batch_size')}" for c in configs]
+    return [("dataset", values(s.get("dataset") for s in summaries)),
+            ("data", "; ".join(data_sources(summaries)[0])),
+            ("budget", values(budgets)),
+            ("seeds", values(s.get("seed") for s in summaries)),
+            ("selection", selection),
+            ("FedBed", version("fedbed"))]
+
+
+def html_report(tables: dict[str, list[list[str]]], images: list[Path], title: str, notes: Sequence[str] = (),
+                settings: Sequence[tuple[str, str]] = ()) -> str:
+    """One self-contained HTML page: the settings block (:func:`sweep_settings`), the notes (e.g.
+    :func:`evaluation_notes`), the tables under headings in words and the PNG plots embedded as
+    base64."""
     import base64
     import html
 
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
              "td,th{border:1px solid #999;padding:4px 8px;text-align:right}th:first-child,td:first-child{text-align:left}"
-             "img{max-width:100%}</style></head><body>", f"<h1>{html.escape(title)}</h1>"]
+             "#settings td{text-align:left}img{max-width:100%}</style></head><body>", f"<h1>{html.escape(title)}</h1>"]
+    if settings:
+        parts.append("<table id='settings'>" + "".join(f"<tr><th>{html.escape(key)}</th><td>{html.escape(value)}</td></tr>"
+                                                        for key, value in settings) + "</table>")
     parts += [f"<p class='note'>{html.escape(note)}</p>" for note in notes]
     for name, rows in tables.items():
-        parts.append(f"<h2>{html.escape(name)}</h2><table id='{html.escape(name)}'><tr>")
+        parts.append(f"<h2>{html.escape(TABLE_HEADINGS.get(name, name))}</h2><table id='{html.escape(name)}'><tr>")
         parts += [f"<th>{html.escape(c)}</th>" for c in rows[0]]
         parts.append("</tr>")
         for row in rows[1:]:
@@ -334,6 +386,7 @@ def html_report(tables: dict[str, list[list[str]]], images: list[Path], title: s
         parts.append("</table>")
     for image in images:
         encoded = base64.b64encode(image.read_bytes()).decode()
-        parts.append(f"<h3>{html.escape(image.stem)}</h3><img alt='{html.escape(image.stem)}' src='data:image/png;base64,{encoded}'>")
+        heading = html.escape(image_heading(image.stem))
+        parts.append(f"<h3>{heading}</h3><img alt='{heading}' src='data:image/png;base64,{encoded}'>")
     parts.append("</body></html>")
     return "\n".join(parts)
