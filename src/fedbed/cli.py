@@ -8,7 +8,9 @@ from typing import Annotated, Any, Optional
 import typer
 import yaml
 
-app = typer.Typer(add_completion=False, no_args_is_help=False, help="FedBed: federated domain generalization.")
+# An unexpected error prints its traceback without every local variable (a round's records run to pages).
+app = typer.Typer(add_completion=False, no_args_is_help=False, help="FedBed: federated domain generalization.",
+                  pretty_exceptions_show_locals=False)
 data_app = typer.Typer(add_completion=False, help="Prepare datasets.")
 app.add_typer(data_app, name="data")
 plot_app = typer.Typer(add_completion=False, help="Plot a run's telemetry.")
@@ -37,6 +39,14 @@ def fail(message: str) -> None:
     """Print one line to stderr and exit with code 2 (bad input), without a traceback."""
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(USAGE_ERROR)
+
+
+def on_terminal() -> bool:
+    """Whether stderr is a terminal: progress bars are drawn there only, so a log piped to a file
+    holds lines, not carriage-return fragments."""
+    import sys
+
+    return sys.stderr.isatty()
 
 
 def parse_hp(pairs: list[str]) -> dict[str, Any]:
@@ -70,7 +80,7 @@ def run(
     run_dir: Annotated[Optional[Path], typer.Option(help="Output folder of the run.")] = None,
     resume: Annotated[bool, typer.Option(help="Continue the run in its run directory from its checkpoint.")] = False,
     overwrite: Annotated[bool, typer.Option(help="Replace an earlier run with other settings in the run directory.")] = False,
-    progress: Annotated[bool, typer.Option(help="Show the progress bar.")] = True,
+    progress: Annotated[bool, typer.Option(help="Show the progress bar (on a terminal only).")] = True,
     backend: Annotated[str, typer.Option(help="Where clients run: in-process, flower-sim or flower-deployment.")] = "in-process",
     tls: Annotated[bool, typer.Option(help="flower-deployment: self-signed CA and certificates, TLS everywhere.")] = False,
     id_evaluation: Annotated[Optional[str], typer.Option(
@@ -88,6 +98,7 @@ def run(
     from fedbed.federation.engine import EngineError
     from fedbed.federation.evaluation import format_domain_table
 
+    progress = progress and on_terminal()
     try:
         if backend not in BACKENDS:
             raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -222,12 +233,13 @@ def sweep(
     out: Annotated[Optional[Path], typer.Option(help="Sweep folder (default: runs/sweeps/<name>).")] = None,
     workers: Annotated[int, typer.Option(help="Parallel jobs; torch threads per job = cores // workers.")] = 1,
     data_root: Annotated[Optional[Path], typer.Option(help="Dataset folder (default: $FEDBED_DATA).")] = None,
-    progress: Annotated[bool, typer.Option(help="Show the overall progress bar.")] = True,
+    progress: Annotated[bool, typer.Option(help="Show the overall progress bar (on a terminal only).")] = True,
 ) -> None:
     """Run a grid of algorithms x targets x seeds x hyperparameters; finished jobs are skipped."""
     from fedbed.config import ConfigError
     from fedbed.sweep import load_sweep, run_sweep
 
+    progress = progress and on_terminal()
     try:
         spec = load_sweep(sweep_file)
         if data_root is not None:
