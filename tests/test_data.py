@@ -156,3 +156,14 @@ def test_embedded_mnist_sample_equals_mlxtends_own_parse():
     assert "embedded MNIST sample" in source and images.shape == (5000, 28, 28) and images.dtype == torch.uint8
     assert torch.equal(images.reshape(5000, -1), torch.from_numpy(features.astype("uint8")))
     assert torch.equal(labels, torch.from_numpy(targets.astype("int64")))
+
+
+def test_a_run_that_edits_its_dataset_in_place_leaves_the_next_load_intact():
+    from fedbed.data import load_dataset
+
+    first = load_dataset("RotatedMNIST", None)
+    labels = first.labels.clone()
+    first.labels[:] = 0
+    first.images[:] = 0
+    second = load_dataset("RotatedMNIST", None)
+    assert torch.equal(second.labels, labels) and int(second.images.max()) > 0

@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from fedbed.config import ConfigError, ExperimentConfig, validate
-from fedbed.federation.transport import TransportError as BackendError
+from fedbed.federation.transport import TransportError
 
 BACKENDS = ("in-process", "flower-sim", "flower-deployment")
 
-__all__ = ["BACKENDS", "BackendError", "run_on_backend"]
+__all__ = ["BACKENDS", "TransportError", "run_on_backend"]
 
 
 def run_on_backend(config: ExperimentConfig, backend: str, *, overwrite: bool = False, **options: Any) -> dict[str, Any]:
@@ -25,7 +25,7 @@ def run_on_backend(config: ExperimentConfig, backend: str, *, overwrite: bool = 
 
     Raises:
         ConfigError: an unknown backend, invalid settings, or a run directory holding another run.
-        BackendError: a Flower run failed.
+        TransportError: a Flower run failed (its subclass :class:`fedbed.flower.common.FlowerError`).
     """
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")

@@ -93,7 +93,7 @@ def run(
     """
     from fedbed.data import dataset_spec
     from fedbed.data.base import DataError
-    from fedbed.backends import BACKENDS, BackendError, run_on_backend
+    from fedbed.backends import BACKENDS, TransportError, run_on_backend
     from fedbed.config import ConfigError, config_from_mapping, load_config_file, override_settings, validate
     from fedbed.federation.engine import EngineError
     from fedbed.federation.evaluation import format_domain_table
@@ -141,7 +141,7 @@ def run(
             summary = run_on_backend(each, backend, overwrite=overwrite, progress=progress, echo=typer.echo, **options)
         except ConfigError as error:
             fail(str(error))
-        except (EngineError, BackendError) as error:
+        except (EngineError, TransportError) as error:
             typer.echo(f"error: {error}", err=True)
             raise typer.Exit(1)
         typer.echo(f"\n{summary['algorithm']} on {summary['dataset']}, target {summary['target']} (accuracy %):")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -135,7 +135,8 @@ def locate(spec: DatasetSpec, data_root: Path | None, image_size: int | None = N
 
 def load_dataset(name: str, data_root: Path | None, image_size: int | None = None) -> DomainDataset:
     """Load a dataset by name; the last one loaded is kept in memory, so a sequence of runs on
-    the same data (a grid over algorithms, targets and seeds) reads and builds it once.
+    the same data (a grid over algorithms, targets and seeds) reads and builds it once; each call
+    returns its own copy of the tensors.
 
     RotatedMNIST: see :func:`fedbed.data.mnist.rotated_mnist`. Image datasets: the prepared copy
     ``<root>/<name>/<name>_<size>.npz`` if present, else the DomainBed folder tree decoded in memory.
@@ -149,7 +150,13 @@ def load_dataset(name: str, data_root: Path | None, image_size: int | None = Non
         DataError: unknown name, nothing found under the data root, or unreadable files.
     """
     spec = dataset_spec(name)
-    return _load_dataset(spec.name, data_root, image_size)
+    loaded = _load_dataset(spec.name, data_root, image_size)
+    # Each caller gets its own tensors: a run (or a test) that edits labels or images in place
+    # cannot change the data of the runs after it. The kept copy is never handed out, so its
+    # fingerprint is the copy's.
+    copy = replace(loaded, images=loaded.images.clone(), labels=loaded.labels.clone(), domains=loaded.domains.clone())
+    copy.__dict__["fingerprint"] = loaded.fingerprint
+    return copy
 
 
 @lru_cache(maxsize=1)
