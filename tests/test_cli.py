@@ -206,3 +206,14 @@ def test_version():
 
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output.strip() == f"fedbed {__version__}"
+
+
+def test_algorithms_show_the_values_a_run_on_a_dataset_uses_and_their_source():
+    general = runner.invoke(app, ["algorithms", "ppdg"])
+    assert general.exit_code == 0 and "alignment_lambda=0.1" in general.output
+    assert "on RotatedMNIST (its paper's values): alignment_lambda=0.001" in general.output
+    on_mnist = runner.invoke(app, ["algorithms", "PPDG", "--dataset", "rotatedmnist"])
+    assert "alignment_lambda=0.001 [paper's value on RotatedMNIST]" in on_mnist.output
+    assert "client_lr=0.001," in on_mnist.output and "client_lr=0.001 [" not in on_mnist.output
+    unknown = runner.invoke(app, ["algorithms", "fedfoo"])
+    assert unknown.exit_code == 2 and "unknown algorithm 'fedfoo'" in unknown.output

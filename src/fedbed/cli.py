@@ -195,13 +195,33 @@ def datasets(
 
 
 @app.command()
-def algorithms() -> None:
-    """List the registered algorithms with their hyperparameters and defaults."""
-    from fedbed.algorithms import ALGORITHMS
+def algorithms(
+    name: Annotated[Optional[str], typer.Argument(help="One algorithm (default: all).")] = None,
+    dataset: Annotated[Optional[str], typer.Option(
+        help="Show the values a run on this dataset uses (the paper's values for it replace the general defaults).")] = None,
+) -> None:
+    """List the registered algorithms with their hyperparameters: the values a run uses and where
+    each comes from (the general default, or the paper's value for the dataset)."""
+    from fedbed.algorithms import ALGORITHMS, AlgorithmError, get_algorithm, resolve_hyperparameters
+    from fedbed.data import DataError, dataset_spec
 
-    for name, cls in sorted(ALGORITHMS.items()):
-        defaults = ", ".join(f"{k}={f.default}" for k, f in cls.hyperparameters.model_fields.items())
-        typer.echo(f"{name:10s} {cls.summary}\n{'':10s} hyperparameters: {defaults}")
+    try:
+        chosen = [get_algorithm(name)] if name is not None else [cls() for _, cls in sorted(ALGORITHMS.items())]
+        spec = dataset_spec(dataset) if dataset is not None else None
+    except (AlgorithmError, DataError) as error:
+        fail(str(error))
+    for algorithm in chosen:
+        typer.echo(f"{algorithm.name:10s} {algorithm.summary}")
+        if spec is None:
+            defaults = ", ".join(f"{k}={f.default}" for k, f in algorithm.hyperparameters.model_fields.items())
+            typer.echo(f"{'':10s} hyperparameters (general defaults): {defaults}")
+            for on, values in algorithm.dataset_defaults.items():
+                typer.echo(f"{'':10s} on {on} (its paper's values): {', '.join(f'{k}={v}' for k, v in values.items())}")
+            continue
+        resolved = resolve_hyperparameters(algorithm, {}, spec.name).model_dump()
+        paper = algorithm.dataset_defaults.get(spec.name, {})
+        cells = [f"{k}={v}" + (f" [paper's value on {spec.name}]" if k in paper else "") for k, v in resolved.items()]
+        typer.echo(f"{'':10s} hyperparameters on {spec.name}: {', '.join(cells)}")
 
 
 @data_app.command("prepare")
