@@ -189,10 +189,15 @@ class ExperimentConfig(BaseModel):
             return self.run_dir
         return Path("runs") / self.dataset_name() / self.algorithm / str(self.target) / f"seed{self.seed}"
 
+    def dataset_path(self) -> str | None:
+        """``dataset`` when it is a path (the user's own data), as given; ``None`` for a known name."""
+        return None if self.dataset in known_datasets() else self.dataset
+
     def dataset_name(self) -> str:
         """The dataset's name: ``dataset`` itself for a known name, the folder or file stem for a
         path (:func:`fedbed.data.path_datasets.display_name`), without reading the data."""
-        return self.dataset if self.dataset in known_datasets() else display_name(self.dataset)
+        path = self.dataset_path()
+        return self.dataset if path is None else display_name(path)
 
 
 BUDGET_SETTINGS = ("local_epochs", "local_steps")

@@ -202,7 +202,7 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
     )
     summary = {
         "dataset": dataset.name,
-        "dataset_path": config.dataset if config.dataset_name() != config.dataset else None,
+        "dataset_path": config.dataset_path(),
         "data_source": dataset.source,
         "data_fingerprint": dataset.fingerprint,
         "algorithm": built.algorithm.name,

@@ -136,10 +136,19 @@ def packed_header(path: Path) -> tuple[tuple[str, ...], tuple[int, ...]]:
             with arrays.zip.open("images.npy") as member:
                 major, _ = np.lib.format.read_magic(member)
                 read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-                shape = read_header(member)[0]
+                shape, _, dtype = read_header(member)
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as error:
         raise DataError(f"cannot read packed dataset {path}: {error}; expected arrays {PACKED_ARRAYS}") from None
+    if dtype == object:
+        raise DataError(_sizes_differ(path))
+    if len(shape) not in (3, 4):
+        raise DataError(f"{path}: images must be uint8 [N, H, W, C] or [N, H, W], got shape {shape}")
     return domain_names, tuple(int(n) for n in shape)
+
+
+def _sizes_differ(path: Path) -> str:
+    return (f"{path}: its images differ in size (stored as an object array); resize them to one size, e.g. save "
+            "them as a folder tree and run `fedbed data prepare FOLDER --size S`")
 
 
 def load_packed(path: Path, name: str) -> DomainDataset:
@@ -163,8 +172,7 @@ def load_packed(path: Path, name: str) -> DomainDataset:
             images = arrays["images"]
     except ValueError as error:
         if "Object arrays" in str(error):  # np.savez stores a list of differently sized images as objects
-            raise DataError(f"{path}: its images differ in size (stored as an object array); resize them to one "
-                            "size, e.g. save them as a folder tree and run `fedbed data prepare FOLDER --size S`") from None
+            raise DataError(_sizes_differ(path)) from None
         raise DataError(f"cannot read packed dataset {path}: {error}; expected arrays {PACKED_ARRAYS}") from None
     except (OSError, KeyError, zipfile.BadZipFile) as error:
         raise DataError(f"cannot read packed dataset {path}: {error}; expected arrays {PACKED_ARRAYS}") from None
@@ -187,7 +195,7 @@ def load_packed(path: Path, name: str) -> DomainDataset:
             source=f"packed {path}",
         )
     except DataError as error:
-        raise DataError(f"{path}: {error}") from None
+        raise DataError(f"{path}: {str(error).removeprefix(f'{name}: ')}") from None
 
 
 def save_packed(dataset: DomainDataset, path: Path) -> None:
