@@ -133,19 +133,24 @@ def rotated_mnist(data_root: Path | None) -> DomainDataset:
     """
     domains, source = _shuffled_domains(data_root, len(ROTATED_MNIST_ANGLES),
                                         torch.Generator().manual_seed(MNIST_SHUFFLE_SEED))
-    parts_images, parts_labels, parts_domains = [], [], []
-    for domain_id, (angle, (chunk, labels)) in enumerate(zip(ROTATED_MNIST_ANGLES, domains)):
-        rotated = TF.rotate(chunk.unsqueeze(1), float(angle), interpolation=InterpolationMode.BILINEAR, fill=[0.0])
-        parts_images.append(rotated)
-        parts_labels.append(labels)
-        parts_domains.append(torch.full((len(chunk),), domain_id, dtype=torch.int64))
+    parts = [
+        (TF.rotate(chunk.unsqueeze(1), float(angle), interpolation=InterpolationMode.BILINEAR, fill=[0.0]), labels)
+        for angle, (chunk, labels) in zip(ROTATED_MNIST_ANGLES, domains)
+    ]
+    return _joined("RotatedMNIST", parts, tuple(str(digit) for digit in range(10)),
+                   tuple(str(angle) for angle in ROTATED_MNIST_ANGLES), source)
+
+
+def _joined(name: str, parts: list[tuple[torch.Tensor, torch.Tensor]], class_names: tuple[str, ...],
+            domain_names: tuple[str, ...], source: str) -> DomainDataset:
+    """One :class:`DomainDataset` from one ``(images uint8 [n, C, 28, 28], labels int64 [n])`` per domain."""
     return DomainDataset(
-        name="RotatedMNIST",
-        images=torch.cat(parts_images).contiguous(),
-        labels=torch.cat(parts_labels),
-        domains=torch.cat(parts_domains),
-        class_names=tuple(str(digit) for digit in range(10)),
-        domain_names=tuple(str(angle) for angle in ROTATED_MNIST_ANGLES),
+        name=name,
+        images=torch.cat([images for images, _ in parts]).contiguous(),
+        labels=torch.cat([labels for _, labels in parts]),
+        domains=torch.cat([torch.full((len(labels),), d, dtype=torch.int64) for d, (_, labels) in enumerate(parts)]),
+        class_names=class_names,
+        domain_names=domain_names,
         source=source,
     )
 
@@ -179,21 +184,11 @@ def colored_mnist(data_root: Path | None) -> DomainDataset:
     """
     generator = torch.Generator().manual_seed(COLORED_MNIST_SEED)
     domains, source = _shuffled_domains(data_root, len(COLORED_MNIST_COLOUR_FLIPS), generator)
-    parts_images, parts_labels, parts_domains = [], [], []
-    for domain_id, (flip, (digits, labels)) in enumerate(zip(COLORED_MNIST_COLOUR_FLIPS.values(), domains)):
+    parts = []
+    for flip, (digits, labels) in zip(COLORED_MNIST_COLOUR_FLIPS.values(), domains):
         binary = (labels < 5).long() ^ (torch.rand(len(labels), generator=generator) < COLORED_MNIST_LABEL_NOISE).long()
         colours = binary ^ (torch.rand(len(labels), generator=generator) < flip).long()
         images = torch.stack([digits, digits], dim=1)
         images[torch.arange(len(images)), 1 - colours] = 0
-        parts_images.append(images)
-        parts_labels.append(binary)
-        parts_domains.append(torch.full((len(labels),), domain_id, dtype=torch.int64))
-    return DomainDataset(
-        name="ColoredMNIST",
-        images=torch.cat(parts_images).contiguous(),
-        labels=torch.cat(parts_labels),
-        domains=torch.cat(parts_domains),
-        class_names=("0", "1"),
-        domain_names=tuple(COLORED_MNIST_COLOUR_FLIPS),
-        source=source,
-    )
+        parts.append((images, binary))
+    return _joined("ColoredMNIST", parts, ("0", "1"), tuple(COLORED_MNIST_COLOUR_FLIPS), source)
