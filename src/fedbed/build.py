@@ -195,7 +195,7 @@ def build_run(config: ExperimentConfig) -> BuiltRun:
     resolved = validate(config)
     algorithm, spec, hparams = resolved.algorithm, resolved.dataset, resolved.hparams
     try:
-        dataset = load_dataset(spec.name, resolved.data_root, config.image_size)
+        dataset = load_dataset(spec.path or spec.name, resolved.data_root, config.image_size, config.channels)
         split = split_leave_one_domain_out(dataset, (config.target,), config.holdout_fraction, config.seed)
         partitions = _partitions(config, split, algorithm.pooled)
         ood_indices = split.target

@@ -177,19 +177,22 @@ def flower_app(
 
 @app.command()
 def datasets(
+    paths: Annotated[Optional[list[str]], typer.Argument(
+        help="Paths of your own datasets to list too (folder tree, packed .npz, or prepared folder).")] = None,
     data_root: Annotated[Optional[Path], typer.Option(help="Dataset folder (default: $FEDBED_DATA).")] = None,
 ) -> None:
-    """List the datasets FedBed knows, their domains, and where each was found."""
-    from fedbed.data import DATASETS, resolve_data_root
+    """List the datasets FedBed knows (and those at PATHS), their domains, and where each was found."""
+    from fedbed.data import dataset_spec, known_datasets, resolve_data_root
     from fedbed.data.base import DataError
     from fedbed.data.catalog import locate
 
     try:
         root = resolve_data_root(data_root)
+        specs = list(known_datasets().values()) + [dataset_spec(path) for path in paths or []]
     except DataError as error:
         fail(str(error))
     typer.echo(f"data root: {root if root is not None else '(none: set --data-root or $FEDBED_DATA)'}")
-    for spec in DATASETS.values():
+    for spec in specs:
         where = locate(spec, root) or "not found"
         typer.echo(f"{spec.name:15s} domains: {', '.join(spec.domain_names)}\n{'':15s} found: {where}")
 
@@ -226,10 +229,12 @@ def algorithms(
 
 @data_app.command("prepare")
 def prepare(
-    name: Annotated[str, typer.Argument(help="Image dataset in DomainBed's folder layout, e.g. PACS.")],
+    name: Annotated[str, typer.Argument(
+        help="Image dataset in DomainBed's folder layout, e.g. PACS, or the path of your folder <domain>/<class>/<image>.")],
     size: Annotated[int, typer.Option(help="Side in pixels after resizing.")] = 32,
     data_root: Annotated[Optional[Path], typer.Option(help="Folder holding <Name>/<domain>/<class>/<image>.")] = None,
-    output_root: Annotated[Optional[Path], typer.Option(help="Where to write <name>/<name>_<size>.npz (default: the data root).")] = None,
+    output_root: Annotated[Optional[Path], typer.Option(
+        help="Where to write <name>/<name>_<size>.npz (default: the data root; for a path, the folder itself).")] = None,
 ) -> None:
     """Decode and resize a DomainBed folder tree once into the packed .npz layout runs read."""
     from fedbed.data import prepare_dataset, resolve_data_root
@@ -238,10 +243,7 @@ def prepare(
     if size <= 0:
         fail(f"--size must be positive, got {size}")
     try:
-        root = resolve_data_root(data_root)
-        if root is None:
-            fail("give --data-root (or set $FEDBED_DATA) to the folder holding the dataset")
-        path = prepare_dataset(name, root, size, output_root)
+        path = prepare_dataset(name, resolve_data_root(data_root), size, output_root)
     except DataError as error:
         fail(str(error))
     typer.echo(f"wrote {path}")

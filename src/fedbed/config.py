@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fedbed.algorithms import Algorithm, AlgorithmError, Hyperparameters, get_algorithm, resolve_hyperparameters
 from fedbed.data import DataError, dataset_spec, resolve_data_root
 from fedbed.data.augmentation import AUGMENTATIONS
-from fedbed.data.catalog import DatasetSpec
+from fedbed.data.catalog import DatasetSpec, known_datasets
+from fedbed.data.path_datasets import display_name
 from fedbed.federation.client_evaluation import ID_EVALUATION_SITES
 from fedbed.federation.evaluation import EVALUATION_PROTOCOLS
 from fedbed.federation.linear_probe import LinearProbe
@@ -38,7 +39,8 @@ class ExperimentConfig(BaseModel):
     """Every setting of one run (leave-one-domain-out, one target domain).
 
     Attributes:
-        dataset: a name from ``fedbed datasets`` (any case; stored in its canonical spelling).
+        dataset: a name from ``fedbed datasets`` (any case; stored in its canonical spelling), or
+            the path of the user's own data (:mod:`fedbed.data.path_datasets`; stored as given).
         target: the held-out target domain's name (any case; a YAML number is read as its
             digits; stored in the dataset's spelling); unset: the dataset's natural default
             (RotatedMNIST: ``0``), and an error for a dataset without one.
@@ -51,6 +53,9 @@ class ExperimentConfig(BaseModel):
         seed: drives splits, partitions, sampling, initialisation and batch order.
         data_root: dataset folder (else ``$FEDBED_DATA``, else the embedded MNIST sample).
         image_size: side in pixels for image datasets (default per dataset).
+        channels: 1 or 3 to convert the images before the model is built for them
+            (:meth:`fedbed.data.DomainDataset.with_channels`: grey repeated into RGB, RGB to grey
+            by ITU-R 601-2 luma); unset: the data's own channels, and the model is built for them.
         model: model name (default per dataset).
         pretrained_weights: local ImageNet state dict for ResNets.
         holdout_fraction: id-validation share of every source domain (DomainBed 0.2; hFedF 0.1).
@@ -109,6 +114,7 @@ class ExperimentConfig(BaseModel):
     seed: int = Field(0, ge=0)
     data_root: Path | None = None
     image_size: int | None = Field(None, gt=0)
+    channels: Literal[1, 3] | None = None
     model: str | None = None
     pretrained_weights: Path | None = None
     holdout_fraction: float = Field(0.2, gt=0, lt=1)
@@ -150,7 +156,8 @@ class ExperimentConfig(BaseModel):
             spec = dataset_spec(self.dataset)
         except DataError:
             return self
-        self.dataset = spec.name
+        if spec.path is None:
+            self.dataset = spec.name
         if self.target is None:
             self.target = spec.default_target
         elif self.target.lower() != "all":
@@ -180,7 +187,17 @@ class ExperimentConfig(BaseModel):
     def resolved_run_dir(self) -> Path:
         if self.run_dir is not None:
             return self.run_dir
-        return Path("runs") / self.dataset / self.algorithm / str(self.target) / f"seed{self.seed}"
+        return Path("runs") / self.dataset_name() / self.algorithm / str(self.target) / f"seed{self.seed}"
+
+    def dataset_path(self) -> str | None:
+        """``dataset`` when it is a path (the user's own data), as given; ``None`` for a known name."""
+        return None if self.dataset in known_datasets() else self.dataset
+
+    def dataset_name(self) -> str:
+        """The dataset's name: ``dataset`` itself for a known name, the folder or file stem for a
+        path (:func:`fedbed.data.path_datasets.display_name`), without reading the data."""
+        path = self.dataset_path()
+        return self.dataset if path is None else display_name(path)
 
 
 BUDGET_SETTINGS = ("local_epochs", "local_steps")
@@ -267,7 +284,8 @@ def validate(config: ExperimentConfig) -> ResolvedNames:
                 f"{spec.name} has no domain {config.target!r}; its domains are {', '.join(spec.domain_names)}"
             )
         algorithm = get_algorithm(config.algorithm)
-        hparams = resolve_hyperparameters(algorithm, config.hp, spec.name)
+        # A paper's per-dataset values apply to the dataset it names, not to a folder that happens to share its name.
+        hparams = resolve_hyperparameters(algorithm, config.hp, spec.name if spec.path is None else None)
         data_root = resolve_data_root(config.data_root)
     except (DataError, AlgorithmError) as error:
         raise ConfigError(str(error)) from None

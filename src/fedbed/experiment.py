@@ -167,6 +167,8 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
     """
     config, dataset, partitions = built.config, built.dataset, built.partitions
     echo(f"data: {dataset.source}")
+    for line in (*dataset.overview(), *dataset.coverage_warnings()):
+        echo(line if line.startswith("warning:") else f"data: {line}")
     statement = built.evaluation_statement()
     for key in ("note", "adaptation_note"):
         if key in statement:
@@ -200,6 +202,7 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
     )
     summary = {
         "dataset": dataset.name,
+        "dataset_path": config.dataset_path(),
         "data_source": dataset.source,
         "data_fingerprint": dataset.fingerprint,
         "algorithm": built.algorithm.name,

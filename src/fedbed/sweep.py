@@ -195,7 +195,7 @@ def finished_on_other_data(jobs: list[ExperimentConfig]) -> list[str]:
         if not (job.run_dir / DONE_MARKER).exists():
             continue
         try:
-            dataset = load_dataset(job.dataset, resolve_data_root(job.data_root), job.image_size)
+            dataset = load_dataset(job.dataset, resolve_data_root(job.data_root), job.image_size, job.channels)
         except DataError as error:
             raise ConfigError(str(error)) from None
         summary = json.loads((job.run_dir / SUMMARY_NAME).read_text())

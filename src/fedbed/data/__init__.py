@@ -1,7 +1,16 @@
 """Datasets, leave-one-domain-out splits and client partitions."""
 
-from fedbed.data.base import DataError, DomainDataset
-from fedbed.data.catalog import DATASETS, dataset_spec, load_dataset, prepare_dataset, resolve_data_root
+from fedbed.data.base import DataError, DatasetSpec, DomainDataset
+from fedbed.data.catalog import (
+    DATASETS,
+    ENTRY_POINT_GROUP,
+    dataset_spec,
+    known_datasets,
+    load_dataset,
+    prepare_dataset,
+    register_dataset,
+    resolve_data_root,
+)
 from fedbed.data.splits import (
     ClientPartition,
     add_few_shot_target_samples,
@@ -19,15 +28,19 @@ __all__ = [
     "ClientPartition",
     "add_few_shot_target_samples",
     "DataError",
+    "DatasetSpec",
     "DomainDataset",
+    "ENTRY_POINT_GROUP",
     "DomainSplit",
     "dataset_spec",
+    "known_datasets",
     "load_dataset",
     "partition_domains_per_client",
     "partition_lambda_mix",
     "partition_one_client_per_domain",
     "partition_pooled",
     "prepare_dataset",
+    "register_dataset",
     "resolve_data_root",
     "split_leave_one_domain_out",
     "split_target_for_adaptation",

@@ -1,13 +1,18 @@
-"""The one dataset abstraction every FedBed loader returns."""
+"""The dataset abstractions: :class:`DomainDataset`, the data every FedBed loader returns, and
+:class:`DatasetSpec`, what FedBed knows of a dataset before reading it."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
+from typing import Callable
 
 import torch
+from torchvision.transforms.v2 import functional as TF
 
 
 class DataError(ValueError):
@@ -62,9 +67,15 @@ class DomainDataset:
         elif self.labels.is_floating_point():
             raise DataError(f"{self.name}: class labels must be integers; give no class names for regression")
         elif n and (int(self.labels.min()) < 0 or int(self.labels.max()) >= len(self.class_names)):
-            raise DataError(f"{self.name}: a label lies outside 0..{len(self.class_names) - 1}")
+            raise DataError(
+                f"{self.name}: a label lies outside 0..{len(self.class_names) - 1} (found "
+                f"{int(self.labels.min())}..{int(self.labels.max())}); labels index the {len(self.class_names)} class names"
+            )
         if n and (int(self.domains.min()) < 0 or int(self.domains.max()) >= len(self.domain_names)):
-            raise DataError(f"{self.name}: a domain id lies outside 0..{len(self.domain_names) - 1}")
+            raise DataError(
+                f"{self.name}: a domain id lies outside 0..{len(self.domain_names) - 1} (found "
+                f"{int(self.domains.min())}..{int(self.domains.max())}); domain ids index the domain names"
+            )
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
@@ -113,6 +124,112 @@ class DomainDataset:
     def indices_of_domain(self, domain_id: int) -> torch.Tensor:
         """``int64`` tensor of the sample indices of one domain, in dataset order."""
         return torch.nonzero(self.domains == domain_id, as_tuple=False).flatten()
+
+    def counts(self) -> torch.Tensor:
+        """``int64 [domains, classes]``: samples per domain and class (one column for regression)."""
+        if self.task == "regression":
+            return torch.bincount(self.domains, minlength=len(self.domain_names)).view(-1, 1)
+        flat = self.domains * len(self.class_names) + self.labels
+        return torch.bincount(flat, minlength=len(self.domain_names) * len(self.class_names)).view(
+            len(self.domain_names), len(self.class_names)
+        )
+
+    def overview(self) -> list[str]:
+        """Lines printed at the start of a run: the domains with their sample counts, then the
+        classes with theirs (in the order of ``domain_names`` and ``class_names``, i.e. sorted
+        folder names for a folder tree), e.g. ``domains (2): a 40, b 38``."""
+        counts = self.counts()
+        lines = [f"domains ({len(self.domain_names)}): "
+                 + ", ".join(f"{d} {int(n)}" for d, n in zip(self.domain_names, counts.sum(1)))]
+        if self.task == "classification":
+            lines.append(f"classes ({len(self.class_names)}): "
+                         + ", ".join(f"{c} {int(n)}" for c, n in zip(self.class_names, counts.sum(0))))
+        else:
+            lines.append("task: regression (float targets, no classes)")
+        return lines
+
+    def coverage_warnings(self) -> list[str]:
+        """One ``warning: ...`` line per class that some domains lack (a client of such a domain
+        never sees the class; DomainBed's datasets have every class in every domain), giving its
+        count in each domain. Empty for regression and for fully covered classes."""
+        if self.task == "regression":
+            return []
+        counts = self.counts()
+        warnings = []
+        for class_id, class_name in enumerate(self.class_names):
+            column = counts[:, class_id]
+            if bool((column == 0).any()):
+                per_domain = ", ".join(f"{d} {int(n)}" for d, n in zip(self.domain_names, column))
+                warnings.append(f"warning: class {class_name!r} is missing from {int((column == 0).sum())} of "
+                                f"{len(self.domain_names)} domains ({per_domain})")
+        return warnings
+
+    def with_channels(self, channels: int) -> "DomainDataset":
+        """The same samples with ``channels`` colour channels (``images`` ``uint8 [N, channels, H, W]``).
+
+        Grey to RGB repeats the grey channel three times; RGB to grey takes ITU-R 601-2 luma
+        (0.299 R + 0.587 G + 0.114 B, as PIL's ``convert("L")``), both with torchvision's
+        ``transforms.v2.functional``. The dataset itself is returned when it already has
+        ``channels`` channels.
+
+        Raises:
+            DataError: ``channels`` is not 1 or 3, or the images have neither 1 nor 3 channels
+                (e.g. ColoredMNIST's 2).
+        """
+        have = self.input_shape[0]
+        if channels == have:
+            return self
+        if channels not in (1, 3) or have not in (1, 3):
+            raise DataError(f"{self.name}: cannot turn {have}-channel images into {channels} channels; "
+                            "channels converts grey (1) and RGB (3) into each other")
+        convert = TF.grayscale_to_rgb if channels == 3 else TF.rgb_to_grayscale
+        return dataclasses.replace(self, images=convert(self.images).contiguous(),
+                                   source=f"{self.source}, as {channels} channel(s)")
+
+
+DatasetLoader = Callable[[Path | None, int], DomainDataset]
+"""A registered dataset's loader: ``loader(data_root, image_size) -> DomainDataset``."""
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What FedBed knows of one dataset before reading it.
+
+    Attributes:
+        name: the name users type (``--dataset``) and runs record; for a dataset given as a path,
+            its display name (:func:`fedbed.data.path_datasets.display_name`).
+        domain_names: the domain names, in the dataset's order (DomainBed's for the built-in ones).
+        folder_names: folder names under the data root that may hold the DomainBed tree
+            ``<folder>/<domain>/<class>/<image>`` (empty for datasets built from MNIST).
+        default_image_size: side in pixels used when the user gives none.
+        default_model: model name (``fedbed.models``) used when the user gives none.
+        default_target: the target domain of a run that names none; ``None`` where the dataset
+            has no natural default (the run must name one).
+        loader: for a registered dataset (:func:`fedbed.data.register_dataset`), the function
+            that reads it; ``None`` for the built-in ones.
+        path: for a dataset given as a path, the path as typed; ``None`` otherwise.
+    """
+
+    name: str
+    domain_names: tuple[str, ...]
+    folder_names: tuple[str, ...] = ()
+    default_image_size: int = 32
+    default_model: str = "hfedf_cnn"
+    default_target: str | None = None
+    loader: DatasetLoader | None = None
+    path: str | None = None
+
+    def domain_named(self, name: str) -> str | None:
+        """The domain whose name equals ``name`` ignoring case, in its canonical spelling, or ``None``."""
+        return next((domain for domain in self.domain_names if domain.lower() == name.lower()), None)
+
+    @property
+    def packed_key(self) -> str:
+        return self.name.lower()
+
+    def packed_path(self, data_root: Path, image_size: int) -> Path:
+        """``data_root/<name lowercased>/<name lowercased>_<size>.npz``, the prepared copy."""
+        return data_root / self.packed_key / f"{self.packed_key}_{image_size}.npz"
 
 
 def portable_source(source: str) -> str:

@@ -1,52 +1,26 @@
-"""The datasets FedBed knows by name, where it looks for them, and how it prepares them."""
+"""The datasets FedBed knows by name (built in, registered, or given as a path), where it looks
+for them, and how it prepares them."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
-from fedbed.data.base import DataError, DomainDataset
+from fedbed.data.base import DataError, DatasetLoader, DatasetSpec, DomainDataset
 from fedbed.data.images import load_image_folders, load_packed, save_packed
-from fedbed.data.mnist import ROTATED_MNIST_ANGLES, find_mnist_idx, rotated_mnist
+from fedbed.data.mnist import COLORED_MNIST_COLOUR_FLIPS, ROTATED_MNIST_ANGLES, colored_mnist, find_mnist_idx, rotated_mnist
+from fedbed.data.path_datasets import (
+    describe_path_dataset,
+    load_path_dataset,
+    looks_like_path,
+    path_dataset_spec,
+    prepare_path_dataset,
+)
 
 DATA_ROOT_VARIABLE = "FEDBED_DATA"
-
-
-@dataclass(frozen=True)
-class DatasetSpec:
-    """What FedBed knows of one dataset before reading it.
-
-    Attributes:
-        name: the name users type (``--dataset``).
-        domain_names: DomainBed's domain names, in DomainBed's order.
-        folder_names: folder names under the data root that may hold the DomainBed tree
-            ``<folder>/<domain>/<class>/<image>`` (empty for datasets built from MNIST).
-        default_image_size: side in pixels used when the user gives none.
-        default_model: model name (``fedbed.models``) used when the user gives none.
-        default_target: the target domain of a run that names none; ``None`` where the dataset
-            has no natural default (the run must name one).
-    """
-
-    name: str
-    domain_names: tuple[str, ...]
-    folder_names: tuple[str, ...]
-    default_image_size: int
-    default_model: str
-    default_target: str | None = None
-
-    def domain_named(self, name: str) -> str | None:
-        """The domain whose name equals ``name`` ignoring case, in its canonical spelling, or ``None``."""
-        return next((domain for domain in self.domain_names if domain.lower() == name.lower()), None)
-
-    @property
-    def packed_key(self) -> str:
-        return self.name.lower()
-
-    def packed_path(self, data_root: Path, image_size: int) -> Path:
-        """``data_root/<name lowercased>/<name lowercased>_<size>.npz``, the prepared copy."""
-        return data_root / self.packed_key / f"{self.packed_key}_{image_size}.npz"
 
 
 DATASETS: dict[str, DatasetSpec] = {
@@ -55,6 +29,8 @@ DATASETS: dict[str, DatasetSpec] = {
         # LeNet, as PPDG's RotatedMNIST protocol (ppdg-gradient-alignment.txt Sec. 4.4); DomainBed's
         # MNIST CNN (``--model mnist_cnn``) is several times slower on a CPU.
         DatasetSpec("RotatedMNIST", tuple(str(a) for a in ROTATED_MNIST_ANGLES), (), 28, "lenet", default_target="0"),
+        # DomainBed's MNIST CNN and its usual test domain, -90% (the colour misleads).
+        DatasetSpec("ColoredMNIST", tuple(COLORED_MNIST_COLOUR_FLIPS), (), 28, "mnist_cnn", default_target="-90%"),
         DatasetSpec("PACS", ("art_painting", "cartoon", "photo", "sketch"), ("PACS",), 32, "hfedf_cnn"),
         DatasetSpec("VLCS", ("Caltech101", "LabelMe", "SUN09", "VOC2007"), ("VLCS",), 32, "hfedf_cnn"),
         DatasetSpec(
@@ -78,16 +54,105 @@ DATASETS: dict[str, DatasetSpec] = {
 }
 
 
-def dataset_spec(name: str) -> DatasetSpec:
-    """Look a dataset up by name (case-insensitive).
+MNIST_DATASETS = {"RotatedMNIST": rotated_mnist, "ColoredMNIST": colored_mnist}
+"""The datasets built in memory from MNIST (:mod:`fedbed.data.mnist`), by name."""
+
+BUILT_IN = tuple(DATASETS)
+"""The names of the datasets FedBed ships; the others in :data:`DATASETS` were registered."""
+
+ENTRY_POINT_GROUP = "fedbed.datasets"
+"""The entry-point group through which an installed package adds datasets: each entry point
+names a function that FedBed calls once, with no argument, and that calls :func:`register_dataset`."""
+
+_plugins_loaded = False
+
+
+def register_dataset(
+    name: str,
+    loader: DatasetLoader,
+    domain_names: tuple[str, ...] | list[str],
+    *,
+    default_image_size: int = 32,
+    default_model: str = "hfedf_cnn",
+    default_target: str | None = None,
+) -> DatasetSpec:
+    """Make a dataset known by name to ``--dataset``, YAML configs, sweeps and ``fedbed datasets``.
+
+    Args:
+        name: the name users type (matched without regard to case; no path separators).
+        loader: ``loader(data_root, image_size) -> DomainDataset``; ``data_root`` is a ``Path`` or
+            ``None`` (``--data-root`` / ``$FEDBED_DATA``), ``image_size`` the side in pixels
+            (``default_image_size`` unless the run sets one). Its ``domain_names`` must equal
+            ``domain_names``. Called once per process for a sequence of runs on the same data.
+        domain_names: the domains, in the dataset's order (checked before anything is loaded).
+        default_image_size: side in pixels when the run gives none.
+        default_model: a model of :data:`fedbed.models.MODELS` used when the run names none.
+        default_target: the target of a run that names none (``None``: the run must name one).
+
+    Returns:
+        The dataset's :class:`DatasetSpec`.
 
     Raises:
-        DataError: if FedBed knows no dataset of that name.
+        DataError: a name already known (built in or registered), a name with a path separator,
+            fewer than two or repeated domain names, or a default target outside them.
     """
-    for spec in DATASETS.values():
+    domain_names = tuple(str(d) for d in domain_names)
+    if any(spec.name.lower() == name.lower() for spec in DATASETS.values()):
+        raise DataError(f"a dataset named {name!r} is already known; register yours under another name")
+    if not name or any(mark in name for mark in ("/", "\\")):
+        raise DataError(f"dataset name {name!r} must be a non-empty name without path separators")
+    if len(domain_names) < 2 or len(set(domain_names)) != len(domain_names):
+        raise DataError(f"{name}: give at least two distinct domain names, got {list(domain_names)}")
+    if default_target is not None and default_target not in domain_names:
+        raise DataError(f"{name}: default target {default_target!r} is not one of {', '.join(domain_names)}")
+    spec = DatasetSpec(name, domain_names, (), default_image_size, default_model, default_target, loader=loader)
+    DATASETS[name] = spec
+    return spec
+
+
+def load_dataset_plugins() -> None:
+    """Call, once per process, every function of the :data:`ENTRY_POINT_GROUP` entry points
+    (``importlib.metadata.entry_points``) so that installed packages register their datasets.
+
+    Raises:
+        DataError: an entry point that cannot be imported or whose function fails, named with
+            its package, so the user can fix or uninstall it.
+    """
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            entry.load()()
+        except Exception as error:  # a third-party plugin may fail in any way: one line naming it
+            _plugins_loaded = False
+            raise DataError(f"the dataset plugin {entry.name} ({entry.value}) failed: {error}; fix or uninstall "
+                            "its package") from None
+
+
+def known_datasets() -> dict[str, DatasetSpec]:
+    """Every dataset known by name: the built-in ones, then the registered ones (entry points
+    loaded first)."""
+    load_dataset_plugins()
+    return DATASETS
+
+
+def dataset_spec(name: str) -> DatasetSpec:
+    """Look a dataset up by name (case-insensitive, built-in and registered ones), else read it
+    as a path (:func:`fedbed.data.path_datasets.path_dataset_spec`): a known name wins over a
+    folder of the same name (write ``./NAME`` for the folder).
+
+    Raises:
+        DataError: if FedBed knows no dataset of that name and it is not a readable path.
+    """
+    for spec in known_datasets().values():
         if spec.name.lower() == name.lower():
             return spec
-    raise DataError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    if looks_like_path(name):
+        return path_dataset_spec(name)
+    raise DataError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}, or give the path of your own "
+                    "data (a folder <domain>/<class>/<image> or a packed .npz)")
 
 
 def resolve_data_root(data_root: Path | str | None) -> Path | None:
@@ -119,7 +184,11 @@ def find_image_folder(spec: DatasetSpec, data_root: Path | None) -> Path | None:
 
 def locate(spec: DatasetSpec, data_root: Path | None, image_size: int | None = None) -> str | None:
     """Describe where ``spec`` would be read from, or ``None`` if it cannot be found."""
-    if spec.name == "RotatedMNIST":
+    if spec.path is not None:
+        return describe_path_dataset(spec, image_size)
+    if spec.loader is not None:
+        return f"registered: {spec.loader.__module__}.{spec.loader.__qualname__}"
+    if spec.name in MNIST_DATASETS:
         if (folder := find_mnist_idx(data_root)) is not None:
             return f"MNIST IDX files in {folder}"
         if data_root is not None and (data_root / "mnist" / "mnist.npz").exists():
@@ -133,24 +202,28 @@ def locate(spec: DatasetSpec, data_root: Path | None, image_size: int | None = N
     return None
 
 
-def load_dataset(name: str, data_root: Path | None, image_size: int | None = None) -> DomainDataset:
-    """Load a dataset by name; the last one loaded is kept in memory, so a sequence of runs on
-    the same data (a grid over algorithms, targets and seeds) reads and builds it once; each call
-    returns its own copy of the tensors.
+def load_dataset(name: str, data_root: Path | None, image_size: int | None = None,
+                 channels: int | None = None) -> DomainDataset:
+    """Load a dataset by name or path; the last one loaded is kept in memory, so a sequence of
+    runs on the same data (a grid over algorithms, targets and seeds) reads and builds it once; each
+    call returns its own copy of the tensors.
 
     RotatedMNIST: see :func:`fedbed.data.mnist.rotated_mnist`. Image datasets: the prepared copy
-    ``<root>/<name>/<name>_<size>.npz`` if present, else the DomainBed folder tree decoded in memory.
+    ``<root>/<name>/<name>_<size>.npz`` if present, else the DomainBed folder tree decoded in
+    memory. Registered datasets: their loader. A path: :func:`fedbed.data.path_datasets.load_path_dataset`.
 
     Args:
-        name: a name from :data:`DATASETS` (case-insensitive).
+        name: a name from :data:`DATASETS` (case-insensitive) or a path (:func:`dataset_spec`).
         data_root: folder holding the datasets (see :func:`resolve_data_root`).
         image_size: side in pixels for image datasets; ``None`` takes the dataset's default.
+        channels: 1 or 3 to convert the images (:meth:`DomainDataset.with_channels`); ``None``
+            keeps the data's own.
 
     Raises:
-        DataError: unknown name, nothing found under the data root, or unreadable files.
+        DataError: unknown name, nothing found under the data root, unreadable files, or a
+            registered loader whose result does not match its registration.
     """
-    spec = dataset_spec(name)
-    loaded = _load_dataset(spec.name, data_root, image_size)
+    loaded = _load_dataset(dataset_spec(name), data_root, image_size, channels)
     # Each caller gets its own tensors: a run (or a test) that edits labels or images in place
     # cannot change the data of the runs after it. The kept copy is never handed out, so its
     # fingerprint is the copy's.
@@ -160,13 +233,27 @@ def load_dataset(name: str, data_root: Path | None, image_size: int | None = Non
 
 
 @lru_cache(maxsize=1)
-def _load_dataset(name: str, data_root: Path | None, image_size: int | None) -> DomainDataset:
-    spec = DATASETS[name]
-    if spec.name == "RotatedMNIST":
-        if image_size not in (None, 28):
-            raise DataError(f"RotatedMNIST images are 28x28; got image size {image_size}")
-        return rotated_mnist(data_root)
+def _load_dataset(spec: DatasetSpec, data_root: Path | None, image_size: int | None,
+                  channels: int | None) -> DomainDataset:
+    dataset = _read_dataset(spec, data_root, image_size)
+    return dataset if channels is None else dataset.with_channels(channels)
+
+
+def _read_dataset(spec: DatasetSpec, data_root: Path | None, image_size: int | None) -> DomainDataset:
+    if spec.path is not None:
+        return load_path_dataset(spec, image_size)
     size = image_size or spec.default_image_size
+    if spec.loader is not None:
+        dataset = spec.loader(data_root, size)
+        if not isinstance(dataset, DomainDataset) or dataset.domain_names != spec.domain_names:
+            got = dataset.domain_names if isinstance(dataset, DomainDataset) else type(dataset).__name__
+            raise DataError(f"the loader of {spec.name} returned {got}; expected a DomainDataset with the registered "
+                            f"domains {', '.join(spec.domain_names)}")
+        return dataset
+    if spec.name in MNIST_DATASETS:
+        if image_size not in (None, 28):
+            raise DataError(f"{spec.name} images are 28x28; got image size {image_size}")
+        return MNIST_DATASETS[spec.name](data_root)
     if data_root is not None and spec.packed_path(data_root, size).exists():
         dataset = load_packed(spec.packed_path(data_root, size), spec.name)
         if dataset.domain_names != spec.domain_names:
@@ -185,11 +272,12 @@ def _load_dataset(name: str, data_root: Path | None, image_size: int | None) -> 
     return load_image_folders(folder, spec.name, size, spec.domain_names)
 
 
-def prepare_dataset(name: str, data_root: Path, image_size: int, output_root: Path | None = None) -> Path:
+def prepare_dataset(name: str, data_root: Path | None, image_size: int, output_root: Path | None = None) -> Path:
     """Decode and resize a DomainBed folder tree once into the packed layout.
 
     Args:
-        name: an image dataset from :data:`DATASETS`.
+        name: an image dataset from :data:`DATASETS`, or the path of a folder tree
+            (:func:`fedbed.data.path_datasets.prepare_path_dataset`; ``data_root`` unused).
         data_root: folder holding ``<Name>/<domain>/<class>/<image>``.
         image_size: side in pixels.
         output_root: where to write ``<name>/<name>_<size>.npz`` (default: ``data_root``).
@@ -198,11 +286,16 @@ def prepare_dataset(name: str, data_root: Path, image_size: int, output_root: Pa
         The path of the packed file.
 
     Raises:
-        DataError: for RotatedMNIST (nothing to prepare), a missing folder tree or unreadable images.
+        DataError: for a dataset built in memory (RotatedMNIST, ColoredMNIST, a registered one), a
+            missing folder tree or unreadable images.
     """
     spec = dataset_spec(name)
-    if spec.name == "RotatedMNIST":
-        raise DataError("RotatedMNIST needs no preparation: it is built from MNIST in memory")
+    if spec.path is not None:
+        return prepare_path_dataset(spec.path, image_size, output_root)
+    if spec.loader is not None or not spec.folder_names:
+        raise DataError(f"{spec.name} needs no preparation: it is built in memory by its loader")
+    if data_root is None:
+        raise DataError("give --data-root (or set $FEDBED_DATA) to the folder holding the dataset")
     folder = find_image_folder(spec, data_root)
     if folder is None:
         raise DataError(

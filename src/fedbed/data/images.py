@@ -9,6 +9,7 @@ decode JPEGs again.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -27,12 +28,13 @@ def _subfolders(folder: Path) -> list[Path]:
 def scan_domain_folders(root: Path, expected_domains: tuple[str, ...] | None = None) -> list[tuple[str, str, Path]]:
     """List ``(domain, class, image path)`` for every image under ``root/<domain>/<class>/``.
 
-    Domains and classes are the sorted folder names (DomainBed's convention); every domain must
-    have the same classes.
+    Domains and classes are the sorted folder names (DomainBed's convention). A class may be
+    missing from some domains (the run warns, :meth:`DomainDataset.coverage_warnings`); the
+    classes are the union over the domains.
 
     Raises:
-        DataError: if ``root`` is missing, a domain named in ``expected_domains`` is absent, the
-            domains disagree on their classes, or a class folder holds no image.
+        DataError: if ``root`` is missing, a domain named in ``expected_domains`` is absent, a
+            domain folder holds no class folder, or a class folder holds no image.
     """
     if not root.is_dir():
         raise DataError(f"dataset folder {root} does not exist; expected {root}/<domain>/<class>/<image>")
@@ -46,17 +48,12 @@ def scan_domain_folders(root: Path, expected_domains: tuple[str, ...] | None = N
                 f"{root} lacks the domain folder(s) {', '.join(missing)}; expected {', '.join(expected_domains)}"
             )
         domains = [root / name for name in expected_domains]
-    class_names: list[str] | None = None
     entries: list[tuple[str, str, Path]] = []
     for domain in domains:
         classes = [c.name for c in _subfolders(domain)]
-        if class_names is None:
-            class_names = classes
-        elif classes != class_names:
-            raise DataError(
-                f"domain folder {domain} has classes {classes}, but {domains[0]} has {class_names}; "
-                "every domain must hold the same class folders"
-            )
+        if not classes:
+            raise DataError(f"domain folder {domain} is empty; give it one folder per class holding its images, "
+                            "or remove it")
         for class_name in classes:
             files = sorted(
                 p for p in (domain / class_name).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
@@ -68,6 +65,12 @@ def scan_domain_folders(root: Path, expected_domains: tuple[str, ...] | None = N
                 )
             entries.extend((domain.name, class_name, path) for path in files)
     return entries
+
+
+def domain_folder_names(root: Path) -> tuple[str, ...]:
+    """The domain folder names of a DomainBed tree ``root/<domain>/<class>/<image>``, sorted
+    (hidden folders skipped); empty when ``root`` holds no folder."""
+    return tuple(p.name for p in _subfolders(root))
 
 
 def decode_image(path: Path, size: int) -> np.ndarray:
@@ -116,48 +119,100 @@ def load_image_folders(
     )
 
 
-def load_packed(path: Path, name: str) -> DomainDataset:
-    """Load the packed ``.npz`` layout (``images`` uint8 ``[N, H, W, C]``, ``labels``, ``domains``,
-    ``class_names``, ``domain_names``).
+PACKED_ARRAYS = "images, labels (or float targets for regression), domains, class_names, domain_names"
+"""The arrays of the packed layout, as error messages name them."""
+
+
+def packed_header(path: Path) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """``(domain_names, shape of images)`` of a packed file, without reading its images (the
+    ``.npy`` header inside the ``.npz``, read with ``numpy.lib.format``).
 
     Raises:
-        DataError: if the file is unreadable or lacks one of the arrays.
+        DataError: the file is not a readable ``.npz`` or lacks ``images`` or ``domain_names``.
     """
     try:
         with np.load(path, allow_pickle=False) as arrays:
-            images = arrays["images"]
-            labels = arrays["labels"].astype(np.int64)
-            domains = arrays["domains"].astype(np.int64)
-            class_names = tuple(str(c) for c in arrays["class_names"])
             domain_names = tuple(str(d) for d in arrays["domain_names"])
-    except (OSError, KeyError, ValueError) as error:
-        raise DataError(
-            f"cannot read packed dataset {path}: {error}; expected arrays images, labels, domains, "
-            "class_names, domain_names"
-        ) from None
+            with arrays.zip.open("images.npy") as member:
+                major, _ = np.lib.format.read_magic(member)
+                read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read_header(member)
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as error:
+        raise DataError(f"cannot read packed dataset {path}: {error}; expected arrays {PACKED_ARRAYS}") from None
+    if dtype == object:
+        raise DataError(_sizes_differ(path))
+    if len(shape) not in (3, 4):
+        raise DataError(f"{path}: images must be uint8 [N, H, W, C] or [N, H, W], got shape {shape}")
+    return domain_names, tuple(int(n) for n in shape)
+
+
+def _sizes_differ(path: Path) -> str:
+    return (f"{path}: its images differ in size (stored as an object array); resize them to one size, e.g. save "
+            "them as a folder tree and run `fedbed data prepare FOLDER --size S`")
+
+
+def load_packed(path: Path, name: str) -> DomainDataset:
+    """Load the packed ``.npz`` layout: ``images`` uint8 ``[N, H, W, C]`` (or ``[N, H, W]`` for
+    grey), ``labels`` ``[N]`` integer indices into ``class_names`` (or, for a regression dataset,
+    ``targets`` float ``[N]`` and no or empty ``class_names``), ``domains`` ``[N]`` indices into
+    ``domain_names``.
+
+    Raises:
+        DataError: naming ``path``: an unreadable file, a missing array, images that are not one
+            uint8 array of equal-sized images, arrays of different lengths, labels or domain ids
+            outside their name lists.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            regression = "targets" in arrays.files and "labels" not in arrays.files
+            labels = arrays["targets"].astype(np.float32) if regression else arrays["labels"]
+            domains = arrays["domains"].astype(np.int64)
+            class_names = () if regression else tuple(str(c) for c in arrays["class_names"])
+            domain_names = tuple(str(d) for d in arrays["domain_names"])
+            images = arrays["images"]
+    except ValueError as error:
+        if "Object arrays" in str(error):  # np.savez stores a list of differently sized images as objects
+            raise DataError(_sizes_differ(path)) from None
+        raise DataError(f"cannot read packed dataset {path}: {error}; expected arrays {PACKED_ARRAYS}") from None
+    except (OSError, KeyError, zipfile.BadZipFile) as error:
+        raise DataError(f"cannot read packed dataset {path}: {error}; expected arrays {PACKED_ARRAYS}") from None
+    if images.dtype != np.uint8 or images.ndim not in (3, 4):
+        raise DataError(f"{path}: images must be uint8 [N, H, W, C] or [N, H, W], got {images.dtype} with shape "
+                        f"{images.shape}; scale them to 0..255 and cast to uint8")
+    if not regression and np.issubdtype(labels.dtype, np.floating):
+        raise DataError(f"{path}: labels are floats; store class indices as integers, or name the array "
+                        "'targets' for a regression dataset")
     if images.ndim == 3:
         images = images[..., None]
-    return DomainDataset(
-        name=name,
-        images=torch.from_numpy(np.ascontiguousarray(images, dtype=np.uint8)).permute(0, 3, 1, 2).contiguous(),
-        labels=torch.from_numpy(labels),
-        domains=torch.from_numpy(domains),
-        class_names=class_names,
-        domain_names=domain_names,
-        source=f"packed {path}",
-    )
+    try:
+        return DomainDataset(
+            name=name,
+            images=torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).contiguous(),
+            labels=torch.from_numpy(labels if regression else labels.astype(np.int64)),
+            domains=torch.from_numpy(domains),
+            class_names=class_names,
+            domain_names=domain_names,
+            source=f"packed {path}",
+        )
+    except DataError as error:
+        raise DataError(f"{path}: {str(error).removeprefix(f'{name}: ')}") from None
 
 
 def save_packed(dataset: DomainDataset, path: Path) -> None:
-    """Write ``dataset`` in the packed layout, atomically (a temporary file renamed into place)."""
+    """Write ``dataset`` in the packed layout, atomically (a temporary file renamed into place);
+    a regression dataset's float targets go to ``targets`` instead of ``labels``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial.npz")
+    if dataset.task == "regression":
+        answers = {"targets": dataset.labels.numpy().astype(np.float32)}
+    else:
+        answers = {"labels": dataset.labels.numpy().astype(np.int16)}
     np.savez_compressed(
         partial,
         images=dataset.images.permute(0, 2, 3, 1).numpy(),
-        labels=dataset.labels.numpy().astype(np.int16),
+        **answers,
         domains=dataset.domains.numpy().astype(np.int8),
-        class_names=np.array(dataset.class_names),
+        class_names=np.array(dataset.class_names, dtype=str),
         domain_names=np.array(dataset.domain_names),
     )
     partial.replace(path)

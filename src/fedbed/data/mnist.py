@@ -1,8 +1,10 @@
-"""RotatedMNIST as DomainBed defines it (Gulrajani & Lopez-Paz, ICLR 2021, App. D.1).
+"""RotatedMNIST and ColoredMNIST as DomainBed defines them (Gulrajani & Lopez-Paz, ICLR 2021,
+App. D.1, ``domainbed/datasets.py``).
 
-All MNIST images (train + test) are shuffled with a fixed seed, split evenly across the six
-domains by striding (domain ``i`` takes images ``i, i+6, i+12, ...``), and each domain's images are
-rotated by its angle (bilinear, zero fill).
+All MNIST images (train + test) are shuffled with a fixed seed, split evenly across the domains
+by striding (domain ``i`` takes images ``i, i+D, i+2D, ...``). RotatedMNIST rotates each domain's
+images by its angle (bilinear, zero fill); ColoredMNIST (Arjovsky et al. 2019, DomainBed's
+construction) colours them after a noisy binary label.
 """
 
 from __future__ import annotations
@@ -114,29 +116,79 @@ def load_mnist_images(data_root: Path | None) -> tuple[torch.Tensor, torch.Tenso
     )
 
 
+def _shuffled_domains(data_root: Path | None, count: int, generator: torch.Generator):
+    """MNIST shuffled by ``generator`` and split by striding into ``count`` domains: a list of
+    ``(images uint8 [n, 28, 28], labels int64 [n])``, and the source description."""
+    images, labels, source = load_mnist_images(data_root)
+    order = torch.randperm(len(images), generator=generator)
+    images, labels = images[order], labels[order]
+    return [(images[i::count], labels[i::count]) for i in range(count)], source
+
+
 def rotated_mnist(data_root: Path | None) -> DomainDataset:
     """Build DomainBed's RotatedMNIST (6 domains named ``"0"`` .. ``"75"``, 10 classes, 1x28x28).
 
     Raises:
         DataError: if an MNIST file under ``data_root`` cannot be read.
     """
-    images, labels, source = load_mnist_images(data_root)
-    generator = torch.Generator().manual_seed(MNIST_SHUFFLE_SEED)
-    order = torch.randperm(len(images), generator=generator)
-    images, labels = images[order], labels[order]
-    parts_images, parts_labels, parts_domains = [], [], []
-    for domain_id, angle in enumerate(ROTATED_MNIST_ANGLES):
-        chunk = images[domain_id :: len(ROTATED_MNIST_ANGLES)].unsqueeze(1)
-        rotated = TF.rotate(chunk, float(angle), interpolation=InterpolationMode.BILINEAR, fill=[0.0])
-        parts_images.append(rotated)
-        parts_labels.append(labels[domain_id :: len(ROTATED_MNIST_ANGLES)])
-        parts_domains.append(torch.full((len(chunk),), domain_id, dtype=torch.int64))
+    domains, source = _shuffled_domains(data_root, len(ROTATED_MNIST_ANGLES),
+                                        torch.Generator().manual_seed(MNIST_SHUFFLE_SEED))
+    parts = [
+        (TF.rotate(chunk.unsqueeze(1), float(angle), interpolation=InterpolationMode.BILINEAR, fill=[0.0]), labels)
+        for angle, (chunk, labels) in zip(ROTATED_MNIST_ANGLES, domains)
+    ]
+    return _joined("RotatedMNIST", parts, tuple(str(digit) for digit in range(10)),
+                   tuple(str(angle) for angle in ROTATED_MNIST_ANGLES), source)
+
+
+def _joined(name: str, parts: list[tuple[torch.Tensor, torch.Tensor]], class_names: tuple[str, ...],
+            domain_names: tuple[str, ...], source: str) -> DomainDataset:
+    """One :class:`DomainDataset` from one ``(images uint8 [n, C, 28, 28], labels int64 [n])`` per domain."""
     return DomainDataset(
-        name="RotatedMNIST",
-        images=torch.cat(parts_images).contiguous(),
-        labels=torch.cat(parts_labels),
-        domains=torch.cat(parts_domains),
-        class_names=tuple(str(digit) for digit in range(10)),
-        domain_names=tuple(str(angle) for angle in ROTATED_MNIST_ANGLES),
+        name=name,
+        images=torch.cat([images for images, _ in parts]).contiguous(),
+        labels=torch.cat([labels for _, labels in parts]),
+        domains=torch.cat([torch.full((len(labels),), d, dtype=torch.int64) for d, (_, labels) in enumerate(parts)]),
+        class_names=class_names,
+        domain_names=domain_names,
         source=source,
     )
+
+
+COLORED_MNIST_COLOUR_FLIPS = {"+90%": 0.1, "+80%": 0.2, "-90%": 0.9}
+"""ColoredMNIST's domains and the probability, in each, that the colour disagrees with the
+(noisy) label: the colour predicts the label 90% and 80% of the time in the first two domains
+and 10% in the third (DomainBed's ``ENVIRONMENTS`` and ``[0.1, 0.2, 0.9]``)."""
+
+COLORED_MNIST_LABEL_NOISE = 0.25
+"""Probability that ColoredMNIST's binary label is flipped (the digit predicts it 75% of the time)."""
+
+COLORED_MNIST_SEED = 0
+"""DomainBed draws the shuffle and the Bernoulli flips from torch's global generator, seeded with
+``train.py``'s default ``--seed 0``; FedBed draws the same sequence from its own generator."""
+
+
+def colored_mnist(data_root: Path | None) -> DomainDataset:
+    """Build DomainBed's ColoredMNIST: 3 domains (``+90%``, ``+80%``, ``-90%``), 2 classes,
+    images ``uint8 [N, 2, 28, 28]`` (a red and a green channel).
+
+    As DomainBed's ``ColoredMNIST.color_dataset``, per domain with colour-flip probability ``e``:
+    label = 1 for digits 0-4, else 0, flipped with probability 0.25; colour = label flipped with
+    probability ``e``; the digit is copied into both channels and the channel ``1 - colour`` is
+    zeroed (colour 1: green, channel 1). Draws, in order from one generator seeded 0: the shuffle,
+    then per domain the label flips and the colour flips (``torch.rand(n) < p``), as DomainBed's
+    calls on torch's global generator.
+
+    Raises:
+        DataError: if an MNIST file under ``data_root`` cannot be read.
+    """
+    generator = torch.Generator().manual_seed(COLORED_MNIST_SEED)
+    domains, source = _shuffled_domains(data_root, len(COLORED_MNIST_COLOUR_FLIPS), generator)
+    parts = []
+    for flip, (digits, labels) in zip(COLORED_MNIST_COLOUR_FLIPS.values(), domains):
+        binary = (labels < 5).long() ^ (torch.rand(len(labels), generator=generator) < COLORED_MNIST_LABEL_NOISE).long()
+        colours = binary ^ (torch.rand(len(labels), generator=generator) < flip).long()
+        images = torch.stack([digits, digits], dim=1)
+        images[torch.arange(len(images)), 1 - colours] = 0
+        parts.append((images, binary))
+    return _joined("ColoredMNIST", parts, ("0", "1"), tuple(COLORED_MNIST_COLOUR_FLIPS), source)
