@@ -167,3 +167,13 @@ def test_a_run_that_edits_its_dataset_in_place_leaves_the_next_load_intact():
     first.images[:] = 0
     second = load_dataset("RotatedMNIST", None)
     assert torch.equal(second.labels, labels) and int(second.images.max()) > 0
+
+
+def test_a_source_domain_too_small_for_its_holdout_is_one_clear_error():
+    from fedbed.data import DataError, split_leave_one_domain_out
+
+    from tests.conftest import make_dataset
+
+    dataset = make_dataset(per_domain=2, domains=3)
+    with pytest.raises(DataError, match="has 2 samples: a holdout fraction of 0.2 keeps none of them for validation"):
+        split_leave_one_domain_out(dataset, (dataset.domain_names[0],), 0.2, seed=0)

@@ -42,7 +42,8 @@ def split_leave_one_domain_out(
     generator seeded by ``(seed, domain id)`` (DomainBed's ``holdout_fraction``, default 0.2).
 
     Raises:
-        DataError: unknown target domain, no source domain left, or a fraction outside [0, 1).
+        DataError: unknown target domain, no source domain left, a fraction outside [0, 1), or a
+            source domain too small to give both a holdout and training samples.
     """
     if not 0.0 <= holdout_fraction < 1.0:
         raise DataError(f"holdout fraction must lie in [0, 1), got {holdout_fraction}")
@@ -55,6 +56,13 @@ def split_leave_one_domain_out(
         indices = dataset.indices_of_domain(domain_id)
         order = indices[torch.randperm(len(indices), generator=seeded_generator(seed, 7919, domain_id))]
         n_holdout = round(holdout_fraction * len(indices))
+        name = dataset.domain_names[domain_id]
+        if holdout_fraction > 0 and n_holdout == 0:
+            raise DataError(f"source domain {name!r} has {len(indices)} samples: a holdout fraction of {holdout_fraction} "
+                            "keeps none of them for validation; add samples or raise holdout_fraction")
+        if n_holdout >= len(indices):
+            raise DataError(f"source domain {name!r} has {len(indices)} samples: a holdout fraction of {holdout_fraction} "
+                            "leaves none of them for training; add samples or lower holdout_fraction")
         holdout[domain_id], train[domain_id] = order[:n_holdout].sort().values, order[n_holdout:].sort().values
     target = torch.cat([dataset.indices_of_domain(d) for d in target_ids])
     return DomainSplit(sources, target_ids, train, holdout, target)
