@@ -183,3 +183,48 @@ def test_a_lost_supernode_is_dropped_and_the_rounds_go_on(tmp_path, no_orphans):
         # Site 1's holdout share is gone: its domains have no id score rather than one on part of the holdout.
         assert set(later["evaluation_dropped"]) == {"1"} and later["evaluation"]["id_mean"] is None
     assert json.loads((config.run_dir / "summary.json").read_text())["selection"]["last"]["round"] == 3
+
+
+def test_the_script_by_its_full_path_without_the_environment_on_path_and_sigterm_leaves_nothing(tmp_path, no_orphans):
+    """cron, systemd and pipx run the script by its path without activating the environment: the
+    Flower processes still find their sibling executables. SIGTERM mid-run stops every one of them."""
+    import os
+    import signal
+
+    run_dir = tmp_path / "run"
+    script = Path(sys.executable).parent / "fedbed"
+    environment = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", str(tmp_path)), "TMPDIR": str(tmp_path),
+                   "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen([str(script), "run", "--backend", "flower-deployment", "--model", "lenet", "--rounds", "30",
+                            "--local-steps", "2", "--run-dir", str(run_dir), "--no-progress"],
+                           env=environment, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        log = run_dir / LOG_NAME
+        while not (log.exists() and log.read_text().strip()) and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert job.poll() is None and log.exists() and log.read_text().strip(), "no round finished on Flower"
+        assert flower_processes_of(tmp_path)
+        job.send_signal(signal.SIGTERM)
+        output, _ = job.communicate(timeout=90)
+    finally:
+        job.kill()
+    assert job.returncode == 130 and "stopped: interrupted" in output
+
+
+def test_a_failed_deployment_keeps_its_logs_in_the_run_directory(tmp_path, monkeypatch):
+    from fedbed.flower import deployment
+    from fedbed.flower.common import FlowerError
+
+    def failing(config, app, num_clients, work_dir, *rest):
+        (work_dir / "superlink.log").write_text("starting\nFileNotFoundError: flower-superexec\n")
+        raise FlowerError(f"flower-superlink exited with code 3; its log: {work_dir / 'superlink.log'}; last lines: "
+                          f"{deployment.last_lines(work_dir / 'superlink.log')}")
+
+    monkeypatch.setattr(deployment, "_deploy", failing)
+    config = tiny("fedavg", tmp_path / "run")
+    with pytest.raises(FlowerError) as raised:
+        run_flower_deployment(config)
+    kept = tmp_path / "run" / "flower-logs" / "superlink.log"
+    assert f"its log: {kept}" in str(raised.value) and "last lines: starting | FileNotFoundError: flower-superexec" in str(raised.value)
+    assert kept.read_text().endswith("flower-superexec\n")

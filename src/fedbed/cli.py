@@ -17,6 +17,8 @@ plot_app = typer.Typer(add_completion=False, help="Plot a run's telemetry.")
 app.add_typer(plot_app, name="plot")
 
 USAGE_ERROR = 2
+INTERRUPTED = 130
+"""Exit code after Ctrl-C, SIGTERM or SIGHUP (128 + SIGINT, the shell's convention)."""
 
 
 def _print_version(value: bool) -> None:
@@ -416,14 +418,30 @@ def plot_features_command(
     typer.echo(f"wrote {path} ({counts['source']} source features, {counts['reference']} reference features)")
 
 
+def stop_on_signals() -> None:
+    """Make SIGTERM and SIGHUP (``kill``, ``timeout``, a closed terminal, a job scheduler) stop
+    FedBed as Ctrl-C does: a ``KeyboardInterrupt`` in the main thread, so every process FedBed
+    started is stopped on the way out (a Flower deployment's process groups, a sweep's workers)
+    and an in-process run keeps the checkpoint of its last complete round."""
+    import signal
+
+    def interrupt(signum, frame):  # noqa: ARG001  (signal handler signature)
+        raise KeyboardInterrupt(f"stopped by signal {signal.Signals(signum).name}")
+
+    for name in ("SIGTERM", "SIGHUP"):
+        signal.signal(getattr(signal, name), interrupt)
+
+
 def main() -> None:
     """Entry point of the ``fedbed`` script.
 
     A malformed command line (an unknown option, ``--rounds abc``) prints one line and exits
-    with code 2, as every other bad input does, instead of click's usage box.
+    with code 2, as every other bad input does, instead of click's usage box. SIGTERM and SIGHUP
+    stop a run as Ctrl-C does (:func:`stop_on_signals`): exit code 130.
     """
     import click
 
+    stop_on_signals()
     try:
         code = app(standalone_mode=False)  # returns the code of a typer.Exit instead of exiting
     except click.UsageError as error:
@@ -431,7 +449,9 @@ def main() -> None:
         typer.echo(f"error: {error.format_message().rstrip('.')}{hint}", err=True)
         raise SystemExit(USAGE_ERROR) from None
     except click.exceptions.Abort:
-        typer.echo("aborted", err=True)
-        raise SystemExit(130) from None
+        code = INTERRUPTED
+    if code == INTERRUPTED:  # typer turns a KeyboardInterrupt into this exit code
+        typer.echo("stopped: interrupted (a run keeps the checkpoint of its last complete round; --resume continues it)",
+                   err=True)
     if isinstance(code, int) and code:
         raise SystemExit(code)

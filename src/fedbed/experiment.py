@@ -30,7 +30,7 @@ from fedbed.federation.evaluation import SELECTION_RULES, select_round
 from fedbed.federation.transport import InProcessClients
 from fedbed.jsonlog import to_json
 from fedbed.provenance import read_starts, record_start
-from fedbed.run_directory import CHECKPOINT_NAME, CONFIG_NAME, SUMMARY_NAME
+from fedbed.run_directory import CHECKPOINT_NAME, CONFIG_NAME, FLOWER_LOGS, SUMMARY_NAME
 
 __all__ = [
     "BuiltRun",
@@ -92,12 +92,17 @@ def check_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool) -> None
             )
         return
     if run_dir.exists() and any(run_dir.iterdir()):
-        if not (run_dir / CONFIG_NAME).exists():
+        if not holds_a_run(run_dir):
             raise ConfigError(f"{run_dir} is not empty and holds no FedBed run; choose another --run-dir")
-        changed = settings_differences(run_dir, resolved, PLACEMENT_SETTINGS)
+        changed = settings_differences(run_dir, resolved, PLACEMENT_SETTINGS) if (run_dir / CONFIG_NAME).exists() else []
         if changed:
             raise ConfigError(f"{run_dir} holds a run with other settings ({'; '.join(changed)}); choose another "
                               "--run-dir, or pass --overwrite to replace it")
+
+
+def holds_a_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a FedBed run: its settings, or the logs a failed Flower run left."""
+    return (run_dir / CONFIG_NAME).exists() or (run_dir / FLOWER_LOGS).is_dir()
 
 
 def remove_run(run_dir: Path) -> None:
@@ -108,7 +113,7 @@ def remove_run(run_dir: Path) -> None:
     """
     if not run_dir.exists() or not any(run_dir.iterdir()):
         return
-    if not (run_dir / CONFIG_NAME).exists():
+    if not holds_a_run(run_dir):
         raise ConfigError(f"{run_dir} is not empty and holds no FedBed run; choose another --run-dir")
     shutil.rmtree(run_dir)
 

@@ -7,7 +7,8 @@ A run folder (``runs/<dataset>/<algorithm>/<target>/seed<seed>`` or a sweep's ``
 - :data:`CHECKPOINT_NAME`: the latest round's strategy and client states (never committed);
 - :data:`PROVENANCE_NAME`: one JSON line per start and resumption (the code that ran);
 - :data:`SUMMARY_NAME`: model selection under every rule;
-- :data:`DONE_MARKER`: an empty file marking a finished sweep job.
+- :data:`DONE_MARKER`: an empty file marking a finished sweep job;
+- :data:`FLOWER_LOGS`: after a failed ``flower-deployment`` run, the logs of its Flower processes.
 
 A sweep folder also holds :data:`SWEEP_RECORD` (the sweep file as run) and :data:`STORE_NAME`
 (the results index, rebuilt when read, never committed).
@@ -23,6 +24,7 @@ SUMMARY_NAME = "summary.json"
 DONE_MARKER = "done"
 SWEEP_RECORD = "sweep.yaml"
 STORE_NAME = "results.sqlite"
+FLOWER_LOGS = "flower-logs"
 
 COMMITTED_FILES = (CONFIG_NAME, LOG_NAME, PROVENANCE_NAME, SUMMARY_NAME, DONE_MARKER)
 """The small files of a finished run that a results folder in the repository keeps."""

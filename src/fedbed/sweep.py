@@ -266,11 +266,17 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, progress: bool
     else:
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(_run_job, job, threads) for job in pending]
-            for future in as_completed(futures):
-                run_dir, error = future.result()
-                if error:
-                    failed[run_dir] = error
-                bar.update(1)
+            try:
+                for future in as_completed(futures):
+                    run_dir, error = future.result()
+                    if error:
+                        failed[run_dir] = error
+                    bar.update(1)
+            except BaseException:  # Ctrl-C, SIGTERM, SIGHUP: stop the workers now, not after their jobs
+                pool.shutdown(wait=False, cancel_futures=True)
+                for worker in multiprocessing.active_children():
+                    worker.terminate()
+                raise
     bar.close()
     finished = [job.run_dir for job in jobs if (job.run_dir / SUMMARY_NAME).exists()]
     from fedbed.reporting import data_sources

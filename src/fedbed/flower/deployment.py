@@ -14,6 +14,7 @@ import contextlib
 import datetime
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,7 +27,7 @@ from typing import Any, Callable, Iterator
 from fedbed.config import ExperimentConfig, validate
 from fedbed.flower.apps import BACKEND_KEY, CONFIG_KEY, ROUND_TIMEOUT_KEY, cached_run
 from fedbed.flower.common import OFFLINE_ENVIRONMENT, FlowerError, with_absolute_paths
-from fedbed.run_directory import SUMMARY_NAME
+from fedbed.run_directory import FLOWER_LOGS, SUMMARY_NAME
 
 CONNECTION = "fedbed"
 
@@ -135,11 +136,30 @@ class Processes:
         return [p.pid for p in self.started.values()]
 
 
+def last_lines(log: Path, count: int = 3) -> str:
+    """The last ``count`` non-empty lines of a log joined by `` | `` (empty if it cannot be read)."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return " | ".join(lines[-count:])
+
+
+def keep_logs(work_dir: Path, run_dir: Path) -> Path:
+    """Copy the deployment's logs (``*.log`` of ``work_dir``) into ``run_dir/``:data:`FLOWER_LOGS` before
+    a temporary ``work_dir`` is deleted, so the evidence of a failure outlives it; return the copy."""
+    kept = run_dir / FLOWER_LOGS
+    kept.mkdir(parents=True, exist_ok=True)
+    for log in work_dir.glob("*.log"):
+        shutil.copy2(log, kept / log.name)
+    return kept
+
+
 def _wait_for_port(port: int, process: subprocess.Popen, what: str, log: Path, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise FlowerError(f"{what} exited with code {process.returncode}; its log: {log}")
+            raise FlowerError(f"{what} exited with code {process.returncode}; its log: {log}; last lines: {last_lines(log)}")
         with socket.socket() as probe:
             if probe.connect_ex(("127.0.0.1", port)) == 0:
                 return
@@ -165,8 +185,12 @@ def local_federation(num_clients: int, work_dir: Path, tls: bool = False, data_r
     """
     home = work_dir / "flwr-home"
     home.mkdir(parents=True, exist_ok=True)
-    environment = {**os.environ, **OFFLINE_ENVIRONMENT, "FLWR_HOME": str(home)}
     bin_dir = Path(sys.executable).parent
+    # The SuperLink and the SuperNodes start flower-superexec, flwr-serverapp and flwr-clientapp by
+    # name: the running environment's bin/ comes first on their PATH, activated or not (cron,
+    # systemd and pipx call the fedbed script by its full path without activating anything).
+    environment = {**os.environ, **OFFLINE_ENVIRONMENT, "FLWR_HOME": str(home),
+                   "PATH": os.pathsep.join([str(bin_dir), *filter(None, [os.environ.get("PATH")])])}
     port = free_port()  # Flower 1.41 serves the Fleet, Control and Runtime APIs over one HTTP port
     security = ["--insecure"]
     connection = "insecure = true\n"
@@ -211,7 +235,9 @@ def run_flower_deployment(config: ExperimentConfig, *, tls: bool = False, progre
 
     Raises:
         ConfigError: invalid settings.
-        FlowerError: a Flower process failed, or the run ended without a summary (logs named).
+        FlowerError: a Flower process failed, or the run ended without a summary; the logs are
+            copied into ``<run_dir>/flower-logs`` (:func:`keep_logs`), which the message names,
+            with the last lines of the failing log.
     """
     validate(config)
     config = with_absolute_paths(config)
@@ -222,16 +248,26 @@ def run_flower_deployment(config: ExperimentConfig, *, tls: bool = False, progre
         if work_dir is None:
             work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedbed-flower-")))
         app = write_app(work_dir / "app", config, round_timeout=round_timeout)
-        with local_federation(num_clients, work_dir, tls=tls) as (_, environment):
-            command = [str(Path(sys.executable).parent / "flwr"), "run", str(app), CONNECTION, "--stream"]
-            echo(f"flower-deployment: SuperLink and {num_clients} SuperNodes on 127.0.0.1{' with TLS' if tls else ''}; logs in {work_dir}")
-            try:
-                finished = subprocess.run(command, env=environment, cwd=work_dir, timeout=timeout,
-                                          stdout=None if progress else subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            except subprocess.TimeoutExpired:
-                raise FlowerError(f"the Flower run did not finish within {timeout:.0f} s; logs in {work_dir}") from None
-            if not summary_path.exists():
-                tail = (finished.stdout or "").strip().splitlines()[-5:]
-                raise FlowerError(f"the Flower run ended (flwr exit code {finished.returncode}) without a summary; "
-                                  f"logs in {work_dir}; last lines: {' | '.join(tail)}")
+        try:
+            return _deploy(config, app, num_clients, work_dir, tls, progress, echo, timeout, summary_path)
+        except FlowerError as error:
+            kept = keep_logs(work_dir, config.resolved_run_dir())
+            raise FlowerError(str(error).replace(str(work_dir), str(kept))) from None
+
+
+def _deploy(config: ExperimentConfig, app: Path, num_clients: int, work_dir: Path, tls: bool, progress: bool,
+            echo: Callable[..., Any], timeout: float, summary_path: Path) -> dict[str, Any]:
+    """Start the local federation, run the app on it with ``flwr run`` and return the summary."""
+    with local_federation(num_clients, work_dir, tls=tls) as (_, environment):
+        command = [str(Path(sys.executable).parent / "flwr"), "run", str(app), CONNECTION, "--stream"]
+        echo(f"flower-deployment: SuperLink and {num_clients} SuperNodes on 127.0.0.1{' with TLS' if tls else ''}; logs in {work_dir}")
+        try:
+            finished = subprocess.run(command, env=environment, cwd=work_dir, timeout=timeout,
+                                      stdout=None if progress else subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        except subprocess.TimeoutExpired:
+            raise FlowerError(f"the Flower run did not finish within {timeout:.0f} s; logs in {work_dir}") from None
+        if not summary_path.exists():
+            tail = (finished.stdout or "").strip().splitlines()[-5:]
+            raise FlowerError(f"the Flower run ended (flwr exit code {finished.returncode}) without a summary; "
+                              f"logs in {work_dir}; last lines: {' | '.join(tail)}")
     return json.loads(summary_path.read_text())
