@@ -185,12 +185,17 @@ def datasets(
 
 @app.command()
 def algorithms() -> None:
-    """List the registered algorithms with their hyperparameters and defaults."""
+    """List the registered algorithms with their hyperparameters, defaults and whether their
+    server only averages (secure aggregation, robust aggregation and differential privacy apply)."""
     from fedbed.algorithms import ALGORITHMS
 
     for name, cls in sorted(ALGORITHMS.items()):
         defaults = ", ".join(f"{k}={f.default}" for k, f in cls.hyperparameters.model_fields.items())
-        typer.echo(f"{name:10s} {cls.summary}\n{'':10s} hyperparameters: {defaults}")
+        server = ("averages: secure-aggregation compatible; robust_aggregation and differential_privacy apply"
+                  if cls.secure_aggregation_compatible else
+                  "needs each client's own update: not compatible with secure aggregation, robust_aggregation "
+                  "or differential_privacy")
+        typer.echo(f"{name:10s} {cls.summary}\n{'':10s} hyperparameters: {defaults}\n{'':10s} server: {server}")
 
 
 @data_app.command("prepare")
