@@ -8,6 +8,7 @@ import torch
 from typer.testing import CliRunner
 
 from fedbed.algorithms.differential_privacy import DifferentialPrivacy, FixedClippingPrivacy, privacy_spent
+from fedbed.algorithms.model_aggregation import ClientModels
 from fedbed.cli import app
 from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.strategy import ClientTrainer
@@ -34,7 +35,7 @@ def test_the_server_mean_of_clipped_updates_gets_noise_of_sigma_c_over_k():
     arrays = [{"w": torch.full((size,), 1.0), "n": torch.tensor(5)},   # norm sqrt(size) >> C: clipped
               {"w": torch.zeros(size), "n": torch.tensor(5)}]
     privacy = FixedClippingPrivacy(DifferentialPrivacy(clipping_norm=clipping_norm, noise_multiplier=sigma), 1.0)
-    state, telemetry = privacy.aggregate(current, [3, 8], arrays, [100, 1], 1, torch.Generator().manual_seed(0))
+    state, telemetry = privacy.aggregate(ClientModels(current, [3, 8], arrays, [100, 1], 1, torch.Generator().manual_seed(0)))
     noise = torch.randn(size, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * sigma * clipping_norm / 2
     expected_mean = clipping_norm / size ** 0.5 / 2  # client 3's update scaled to norm C, averaged with a zero update
     assert torch.allclose(state["w"].double(), expected_mean + noise, atol=1e-6)

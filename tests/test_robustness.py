@@ -8,6 +8,7 @@ import torch
 
 from fedbed.algorithms import ALGORITHMS, AlgorithmContext, TrainingBudget
 from fedbed.algorithms.fedavg import FedAvgStrategy
+from fedbed.algorithms.model_aggregation import ClientModels
 from fedbed.algorithms.robust_aggregation import RobustAggregation, check_robust_aggregation
 from fedbed.config import ConfigError
 from fedbed.experiment import ExperimentConfig, run_experiment
@@ -21,7 +22,7 @@ CURRENT = {"w": torch.zeros(2), "steps": torch.tensor(0)}
 
 
 def aggregate(rule, **options):
-    return RobustAggregation(rule, **options).aggregate(CURRENT, CLIENTS, MODELS, [10, 10, 10, 10, 10], 1, torch.Generator())
+    return RobustAggregation(rule, **options).aggregate(ClientModels(CURRENT, CLIENTS, MODELS, [10] * 5, 1, torch.Generator()))
 
 
 def test_median_picks_the_middle_value_of_each_coordinate():

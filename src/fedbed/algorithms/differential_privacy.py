@@ -27,13 +27,12 @@ too (an upper bound).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedbed.algorithms.model_aggregation import ModelAggregation
+from fedbed.algorithms.model_aggregation import ClientModels, ModelAggregation
 from fedbed.federation.messages import Scalar
 from fedbed.federation.transport import CLIPPING_NORM
 from fedbed.gradients import clip_to_norm, flatten, floating_keys, unflatten
@@ -104,27 +103,20 @@ class FixedClippingPrivacy(ModelAggregation):
         """``{clipping_norm: C}`` under client-side clipping (the client clips), else nothing."""
         return {CLIPPING_NORM: self.settings.clipping_norm} if self.settings.clipping == "client" else {}
 
-    def aggregate(
-        self,
-        current: Mapping[str, torch.Tensor],
-        clients: Sequence[int],
-        arrays: Sequence[Mapping[str, torch.Tensor]],
-        weights: Sequence[float],
-        round_number: int,
-        generator: torch.Generator,
-    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def aggregate(self, models: ClientModels) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """The privatised mean (see :meth:`ModelAggregation.aggregate`; ``weights`` are ignored).
 
         Returns:
             ``(state dict, {"weights": 1/K each, "privacy": {noise_std, update norms before
             clipping, the clients whose update was clipped here, epsilon and delta so far}})``.
         """
+        current, clients, arrays = models.current, models.clients, models.arrays
         clipping_norm = self.settings.clipping_norm
         keys = floating_keys(current, arrays[0])
         start = flatten(current, keys)
         clipped, norms = clip_to_norm(torch.stack([flatten(array, keys) - start for array in arrays]), clipping_norm)
         noise_std = self.settings.noise_multiplier * clipping_norm / len(arrays)
-        noise = torch.randn(start.shape, generator=generator, dtype=torch.float64) * noise_std
+        noise = torch.randn(start.shape, generator=models.generator, dtype=torch.float64) * noise_std
         state = {name: tensor.detach().clone() for name, tensor in current.items()}
         state.update(unflatten(start + clipped.mean(dim=0) + noise, current, keys))
         telemetry = {
@@ -133,7 +125,8 @@ class FixedClippingPrivacy(ModelAggregation):
                 "noise_std": noise_std,
                 "update_norms_before_clipping": norms.tolist(),
                 "clipped_here": [c for c, norm in zip(clients, norms.tolist()) if norm > clipping_norm * (1 + 1e-6)],
-                "epsilon": privacy_spent(self.settings.noise_multiplier, self.sample_rate, round_number, self.settings.delta),
+                "epsilon": privacy_spent(self.settings.noise_multiplier, self.sample_rate, models.round_number,
+                                         self.settings.delta),
                 "delta": self.settings.delta,
             },
         }

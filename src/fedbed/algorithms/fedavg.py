@@ -8,7 +8,7 @@ from typing import Any
 from torch import nn
 
 from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm
-from fedbed.algorithms.model_aggregation import MODEL_AGGREGATION_PURPOSE, ModelAggregation
+from fedbed.algorithms.model_aggregation import MODEL_AGGREGATION_PURPOSE, ClientModels, ModelAggregation
 from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
 from fedbed.federation.strategy import ServerStrategy
@@ -49,8 +49,8 @@ class FedAvgStrategy(ServerStrategy):
         """The new global state dict and the telemetry of the combination (weights n_k/n)."""
         order = sorted(replies)
         generator = seeded_generator(self.seed, round_number, MODEL_AGGREGATION_PURPOSE)
-        return self.aggregation.aggregate(self.model.state_dict(), order, [replies[c].arrays for c in order],
-                                          self.client_weights(replies, order), round_number, generator)
+        return self.aggregation.aggregate(ClientModels(self.model.state_dict(), order, [replies[c].arrays for c in order],
+                                                       self.client_weights(replies, order), round_number, generator))
 
     def aggregate(self, round_number: int, replies: dict[int, Reply]) -> RoundSummary:
         new_state, telemetry = self.combine(round_number, replies)

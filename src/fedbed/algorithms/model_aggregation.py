@@ -11,6 +11,7 @@ options plug in. The default is FedAvg's weighted average; robust aggregation
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,40 +23,46 @@ MODEL_AGGREGATION_PURPOSE = 37
 """Seed component of a model aggregation's random draws (differential privacy's noise)."""
 
 
+@dataclass(frozen=True)
+class ClientModels:
+    """What a model aggregation combines in one round.
+
+    Attributes:
+        current: the global model's state dict before the round (what every client was sent).
+        clients: the K client ids, ascending.
+        arrays: their K state dicts (same names, shapes and dtypes as ``current``: the engine
+            checked them).
+        weights: K positive weights (n_k for FedAvg, 1 for FedADG's uniform mean).
+        round_number: the round (from 1).
+        generator: seeded from (run seed, round, :data:`MODEL_AGGREGATION_PURPOSE`).
+    """
+
+    current: Mapping[str, torch.Tensor]
+    clients: Sequence[int]
+    arrays: Sequence[Mapping[str, torch.Tensor]]
+    weights: Sequence[float]
+    round_number: int
+    generator: torch.Generator
+
+
 class ModelAggregation:
     """FedAvg's aggregation (McMahan et al., AISTATS 2017, Algorithm 1): ``θ ← Σ_k w_k θ_k / Σ_k w_k``.
 
     Subclasses replace :meth:`aggregate` (and may ask the clients for something through
     :meth:`client_config`); they keep no state across rounds, so a resumed run needs none:
-    every random draw comes from the ``generator`` seeded from the run's seed and the round.
+    every random draw comes from the round's seeded ``generator``.
     """
 
     def client_config(self) -> dict[str, Scalar]:
         """Scalars every client receives in its payload's config (none for FedAvg)."""
         return {}
 
-    def aggregate(
-        self,
-        current: Mapping[str, torch.Tensor],
-        clients: Sequence[int],
-        arrays: Sequence[Mapping[str, torch.Tensor]],
-        weights: Sequence[float],
-        round_number: int,
-        generator: torch.Generator,
-    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def aggregate(self, models: ClientModels) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """The new global state dict and JSON-serialisable telemetry.
-
-        Args:
-            current: the global model's state dict before the round (what every client was sent).
-            clients: the K client ids, ascending.
-            arrays: their K state dicts (same names, shapes and dtypes as ``current``: the engine
-                checked them).
-            weights: K positive weights (n_k for FedAvg, 1 for FedADG's uniform mean).
-            round_number: the round (from 1).
-            generator: seeded from (run seed, round, :data:`MODEL_AGGREGATION_PURPOSE`).
 
         Returns:
             ``(state dict, {"weights": {client: w_k / Σ w}, ...})``.
         """
-        total = float(sum(weights))
-        return weighted_average(arrays, weights), {"weights": {str(c): w / total for c, w in zip(clients, weights)}}
+        total = float(sum(models.weights))
+        return weighted_average(models.arrays, models.weights), {
+            "weights": {str(c): w / total for c, w in zip(models.clients, models.weights)}}

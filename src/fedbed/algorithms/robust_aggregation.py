@@ -21,12 +21,11 @@ imported, so that a run without robust aggregation never imports Flower
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from fedbed.algorithms.model_aggregation import ModelAggregation
+from fedbed.algorithms.model_aggregation import ClientModels, ModelAggregation
 
 ROBUST_RULES = ("median", "trimmed_mean", "krum", "multi_krum")
 """The robust aggregation rules (see the module docstring)."""
@@ -77,15 +76,7 @@ class RobustAggregation(ModelAggregation):
             raise ValueError(f"unknown robust aggregation {rule!r}; choose one of {', '.join(ROBUST_RULES)}")
         self.rule, self.trimmed_fraction, self.byzantine_clients = rule, trimmed_fraction, byzantine_clients
 
-    def aggregate(
-        self,
-        current: Mapping[str, torch.Tensor],
-        clients: Sequence[int],
-        arrays: Sequence[Mapping[str, torch.Tensor]],
-        weights: Sequence[float],
-        round_number: int,
-        generator: torch.Generator,
-    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def aggregate(self, models: ClientModels) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """The rule's model of the round (see :meth:`ModelAggregation.aggregate`).
 
         Returns:
@@ -99,10 +90,11 @@ class RobustAggregation(ModelAggregation):
         # import Flower (docs/architecture.md; tests/test_architecture.py).
         from flwr.server.strategy.aggregate import aggregate_krum, aggregate_median, aggregate_trimmed_avg
 
-        check_robust_aggregation(self.rule, len(arrays), self.trimmed_fraction, self.byzantine_clients)
+        current, clients = models.current, models.clients
+        check_robust_aggregation(self.rule, len(models.arrays), self.trimmed_fraction, self.byzantine_clients)
         names = list(current)
         results = [([array[name].detach().cpu().numpy() for name in names], max(1, round(weight)))
-                   for array, weight in zip(arrays, weights)]
+                   for array, weight in zip(models.arrays, models.weights)]
         selected = None
         if self.rule == "median":
             combined = aggregate_median(results)

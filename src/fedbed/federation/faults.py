@@ -26,8 +26,8 @@ FAULTS = ("exception", "slow", "non_finite", "wrong_shape", "wrong_dtype", "miss
           "sign_flip_scale10")
 """What a faulty client does (:class:`FaultyClientTrainer`)."""
 
-SLOW_SECONDS = 1.0
-"""How long a ``slow`` client sleeps after its fit, in seconds (over a test's ``client_timeout``)."""
+SLOW_SECONDS = 5.0
+"""How long a ``slow`` client sleeps after its fit unless told otherwise, in seconds."""
 
 
 def _first_floating(arrays: dict[str, torch.Tensor]) -> str:
@@ -77,21 +77,24 @@ class FaultyClientTrainer(ClientTrainer):
 
     The other clients train exactly as the wrapped trainer does. A faulty client trains too
     (so its reply is built from a real update) and then corrupts it (:func:`corrupt`), raises
-    ``RuntimeError`` (``exception``) or sleeps :data:`SLOW_SECONDS` (``slow``).
+    ``RuntimeError`` (``exception``) or sleeps ``slow_seconds`` (``slow``).
 
     Args:
         inner: the method's client half.
         fault: one of :data:`FAULTS`.
         faulty_clients: the client ids that misbehave (read from the payload's ``client``).
+        slow_seconds: how long a ``slow`` client sleeps after its fit (:data:`SLOW_SECONDS`).
 
     Raises:
         ValueError: an unknown fault.
     """
 
-    def __init__(self, inner: ClientTrainer, fault: str, faulty_clients: set[int] | frozenset[int]) -> None:
+    def __init__(self, inner: ClientTrainer, fault: str, faulty_clients: set[int] | frozenset[int],
+                 slow_seconds: float = SLOW_SECONDS) -> None:
         if fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; choose one of {', '.join(FAULTS)}")
         self.inner, self.fault, self.faulty_clients = inner, fault, frozenset(faulty_clients)
+        self.slow_seconds = slow_seconds
 
     def fit(self, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
         reply = self.inner.fit(payload, data, state)
@@ -100,5 +103,5 @@ class FaultyClientTrainer(ClientTrainer):
         if self.fault == "exception":
             raise RuntimeError(f"injected fault on client {payload.config['client']}")
         if self.fault == "slow":
-            time.sleep(SLOW_SECONDS)
+            time.sleep(self.slow_seconds)
         return corrupt(reply, payload, self.fault)
