@@ -12,6 +12,7 @@ from fedbed.federation.engine import outlying_updates, run_rounds
 from fedbed.federation.faults import FAULTS, FaultyClientTrainer, corrupt
 from fedbed.federation.messages import Payload, Reply
 from tests.conftest import build_federation
+from tests.test_flower import no_orphans, tiny  # noqa: F401  (no_orphans: a fixture)
 
 EXPECTED_REASONS = {
     "exception": "raised RuntimeError: injected fault on client 0",
@@ -102,3 +103,13 @@ def test_an_attack_from_the_settings_is_dropped_and_counted_in_the_summary(tmp_p
     assert [sorted(r["dropped"]) for r in records] == [["0", "1"], ["0", "1"]]
     assert summary["faults"] == {"dropped_replies": 4, "dropped_by_client": {"0": 2, "1": 2}, "rounds_keeping_previous_model": {}}
     assert any(line.startswith("faults: 4 replies dropped") for line in lines)
+
+
+def test_an_injected_fault_is_dropped_on_flower_by_the_same_engine_code(tmp_path, no_orphans):
+    from fedbed.flower.simulation import run_flower_simulation
+
+    config = tiny("fedavg", (tmp_path / "run").resolve(), rounds=1, attack="wrong_dtype")
+    summary = run_flower_simulation(config, echo=lambda *_: None, cpus=2)
+    record = json.loads((config.run_dir / "rounds.jsonl").read_text())
+    assert list(record["dropped"]) == ["0"] and "is torch.float64" in record["dropped"]["0"]
+    assert record["telemetry"]["weights"] == {"1": 1.0} and summary["faults"]["dropped_replies"] == 1

@@ -8,6 +8,7 @@ import torch
 from typer.testing import CliRunner
 
 from fedbed.algorithms.differential_privacy import DifferentialPrivacy, FixedClippingPrivacy, privacy_spent
+from fedbed.algorithms import ALGORITHMS
 from fedbed.algorithms.model_aggregation import ClientModels
 from fedbed.cli import app
 from fedbed.federation.messages import Payload, Reply
@@ -96,9 +97,13 @@ def test_a_private_run_logs_epsilon_per_round_and_reports_it(clipping, tmp_path)
 def test_fedbed_algorithms_says_which_methods_average():
     result = runner.invoke(app, ["algorithms"])
     assert result.exit_code == 0
-    lines = result.output.splitlines()  # three lines a method: name and summary, hyperparameters, server
-    server_of = {lines[i].split()[0]: lines[i + 2] for i in range(0, len(lines), 3)}
-    assert all(line.split()[0] == "server:" for line in server_of.values())
+    server_of, name = {}, None
+    for line in result.output.splitlines():  # a method's name and summary, then its indented details
+        if not line.startswith(" "):
+            name = line.split()[0]
+        elif line.split()[0] == "server:":
+            server_of[name] = line
+    assert set(server_of) == set(ALGORITHMS)
     assert "secure-aggregation compatible" in server_of["fedavg"]
     for name in ("ppdg", "pcgrad", "hfedf", "fedgala", "fedavg_global_alignment"):
         assert "not compatible with secure aggregation" in server_of[name], name
