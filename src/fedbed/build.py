@@ -14,8 +14,12 @@ from typing import Any
 import torch
 
 from fedbed.algorithms import AlgorithmContext, TrainingBudget
+from fedbed.algorithms.differential_privacy import FixedClippingPrivacy
+from fedbed.algorithms.fedavg import FedAvgStrategy
 from fedbed.algorithms.knowledge_vote import KnowledgeVoteAdaptation
-from fedbed.config import ConfigError, ExperimentConfig, validate
+from fedbed.algorithms.model_aggregation import ModelAggregation
+from fedbed.algorithms.robust_aggregation import DEFAULT_BYZANTINE_CLIENTS, DEFAULT_TRIMMED_FRACTION, RobustAggregation
+from fedbed.config import ConfigError, ExperimentConfig, number_of_clients, validate
 from fedbed.data import (
     DataError,
     add_few_shot_target_samples,
@@ -29,7 +33,8 @@ from fedbed.data import (
 )
 from fedbed.data.augmentation import Augmentation
 from fedbed.federation.client_evaluation import ClientEvaluator, holdout_shares
-from fedbed.federation.engine import Federation, client_infos
+from fedbed.federation.engine import DEFAULT_UPDATE_NORM_FACTOR, Federation, client_infos, clients_per_round
+from fedbed.federation.faults import FaultyClientTrainer
 from fedbed.federation.linear_probe import LinearProbe
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.transport import ClientTransport
@@ -40,7 +45,7 @@ from fedbed.seeding import derive_seed
 def _partitions(config: ExperimentConfig, split, pooled: bool):
     if pooled:
         return partition_pooled(split)
-    num_clients = config.num_clients or len(split.source_domains)
+    num_clients = number_of_clients(config, len(split.source_domains), pooled)
     if config.partition == "domains_per_client":
         return partition_domains_per_client(split, num_clients, config.domains_per_client, config.seed)
     if config.partition == "lambda_mix":
@@ -140,8 +145,28 @@ class BuiltRun:
         return ClientEvaluator(self.context.model_factory, self.dataset.task)
 
     def trainer(self):
-        """A new instance of the method's client half."""
-        return self.algorithm.create_trainer(self.hparams, self.context)
+        """A new instance of the method's client half; under the ``attack`` harness, wrapped so
+        that the first ``attacking_clients`` clients misbehave (:mod:`fedbed.federation.faults`)."""
+        trainer = self.algorithm.create_trainer(self.hparams, self.context)
+        if self.config.attack is None:
+            return trainer
+        return FaultyClientTrainer(trainer, self.config.attack, set(range(self.config.attacking_clients or 1)))
+
+    @property
+    def sample_rate(self) -> float:
+        """The share of clients selected each round (:func:`fedbed.federation.engine.clients_per_round` / clients)."""
+        return clients_per_round(len(self.partitions), self.config.participation_fraction) / len(self.partitions)
+
+    def model_aggregation(self) -> ModelAggregation | None:
+        """The run's server option in place of the method's average: robust aggregation,
+        differential privacy, or ``None`` (the method's own)."""
+        config = self.config
+        if config.robust_aggregation is not None:
+            return RobustAggregation(config.robust_aggregation, config.trimmed_fraction or DEFAULT_TRIMMED_FRACTION,
+                                     config.byzantine_clients or DEFAULT_BYZANTINE_CLIENTS)
+        if config.differential_privacy is not None:
+            return FixedClippingPrivacy(config.differential_privacy, self.sample_rate)
+        return None
 
     def federation(self, clients: ClientTransport) -> Federation:
         """The server side: the strategy (initialised with the initial model and the clients'
@@ -153,6 +178,11 @@ class BuiltRun:
         """
         dataset, split = self.dataset, self.split
         strategy = self.algorithm.create_strategy(self.hparams, self.context)
+        aggregation = self.model_aggregation()
+        if aggregation is not None:
+            # validate() admits these options only for methods that average (FedAvgStrategy's seam).
+            assert isinstance(strategy, FedAvgStrategy), type(strategy).__name__
+            strategy.aggregation = aggregation
         if self.config.target_adaptation == "knowledge_vote":
             strategy = KnowledgeVoteAdaptation(strategy, self.context.model_factory, self.hparams, self.context.budget, self.config.seed)
         federation = Federation(
@@ -172,6 +202,8 @@ class BuiltRun:
             seed=self.config.seed,
             adaptation_target=self.data(self.adaptation_indices).without_labels() if len(self.adaptation_indices) else None,
             adaptation_labels_for_the_log=dataset.labels[self.adaptation_indices] if len(self.adaptation_indices) else None,
+            client_timeout=self.config.client_timeout,
+            update_norm_factor=self.config.update_norm_factor or DEFAULT_UPDATE_NORM_FACTOR,
         )
         # The strategy may draw its own initial state (hFedF's hypernetwork): seeded here, so it
         # does not depend on what was built before it in this process (a Flower server builds no

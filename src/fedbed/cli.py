@@ -205,8 +205,9 @@ def algorithms(
     dataset: Annotated[Optional[str], typer.Option(
         help="Show the values a run on this dataset uses (the paper's values for it replace the general defaults).")] = None,
 ) -> None:
-    """List the registered algorithms with their hyperparameters: the values a run uses and where
-    each comes from (the general default, or the paper's value for the dataset)."""
+    """List the registered algorithms with their hyperparameters (the values a run uses and where
+    each comes from: the general default, or the paper's value for the dataset) and whether their
+    server only averages (secure aggregation, robust aggregation and differential privacy apply)."""
     from fedbed.algorithms import ALGORITHMS, AlgorithmError, get_algorithm, resolve_hyperparameters
     from fedbed.data import DataError, dataset_spec
 
@@ -216,7 +217,11 @@ def algorithms(
     except (AlgorithmError, DataError) as error:
         fail(str(error))
     for algorithm in chosen:
-        typer.echo(f"{algorithm.name:10s} {algorithm.summary}")
+        server = ("averages: secure-aggregation compatible; robust_aggregation and differential_privacy apply"
+                  if algorithm.secure_aggregation_compatible else
+                  "needs each client's own update: not compatible with secure aggregation, robust_aggregation "
+                  "or differential_privacy")
+        typer.echo(f"{algorithm.name:10s} {algorithm.summary}\n{'':10s} server: {server}")
         if spec is None:
             defaults = ", ".join(f"{k}={f.default}" for k, f in algorithm.hyperparameters.model_fields.items())
             typer.echo(f"{'':10s} hyperparameters (general defaults): {defaults}")

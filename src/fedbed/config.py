@@ -16,12 +16,21 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedbed.algorithms import Algorithm, AlgorithmError, Hyperparameters, get_algorithm, resolve_hyperparameters
+from fedbed.algorithms.differential_privacy import DifferentialPrivacy
+from fedbed.algorithms.robust_aggregation import (
+    DEFAULT_BYZANTINE_CLIENTS,
+    DEFAULT_TRIMMED_FRACTION,
+    ROBUST_RULES,
+    check_robust_aggregation,
+)
 from fedbed.data import DataError, dataset_spec, resolve_data_root
 from fedbed.data.augmentation import AUGMENTATIONS
 from fedbed.data.catalog import DatasetSpec, known_datasets
 from fedbed.data.path_datasets import display_name
 from fedbed.federation.client_evaluation import ID_EVALUATION_SITES
+from fedbed.federation.engine import clients_per_round
 from fedbed.federation.evaluation import EVALUATION_PROTOCOLS
+from fedbed.federation.faults import FAULTS
 from fedbed.federation.linear_probe import LinearProbe
 from fedbed.federation.local_data import INPUT_SCALINGS
 from fedbed.models import MODELS
@@ -98,6 +107,28 @@ class ExperimentConfig(BaseModel):
         target_adaptation: ``knowledge_vote`` adds a target model trained on pseudo-labels of the
             adaptation share to any averaging method (:mod:`fedbed.algorithms.knowledge_vote`);
             unset: the server does not use the target images.
+        client_timeout: seconds a client's local training may take; a reply that took longer is
+            dropped from the round as late (in-process the time is measured after the fit
+            returns: a running fit cannot be pre-empted). Unset: no limit.
+        update_norm_factor: a client update whose L2 norm is over this many times the round's
+            median update norm is dropped (unset: 1000, ``fedbed.federation.engine.DEFAULT_UPDATE_NORM_FACTOR``;
+            ``.inf`` turns the check off).
+        robust_aggregation: ``median``, ``trimmed_mean``, ``krum`` or ``multi_krum`` in place of the
+            weighted average, for methods that average (:mod:`fedbed.algorithms.robust_aggregation`,
+            Flower's functions); unset: the method's average.
+        trimmed_fraction: β of ``trimmed_mean``: the share of clients cut at each end (unset: 0.2).
+        byzantine_clients: f, the number of Byzantine clients ``krum`` and ``multi_krum`` tolerate
+            (unset: 1; needs at least 2f + 3 clients a round).
+        differential_privacy: client-level DP for methods that average
+            (:class:`fedbed.algorithms.differential_privacy.DifferentialPrivacy`: ``clipping``
+            ``server`` or ``client``, ``clipping_norm``, ``noise_multiplier``, ``delta``); the
+            (ε, δ) spent is logged per round and in the summary. Unset: none.
+        attack: a test and evaluation harness, not a method: the first ``attacking_clients``
+            clients misbehave as this says (:mod:`fedbed.federation.faults`: ``sign_flip_scale10``
+            sends the honest update sign-flipped and x10; ``exception``, ``slow``,
+            ``non_finite``, ``wrong_shape``, ``wrong_dtype``, ``missing_array``, ``norm_1e6``
+            inject faults). Unset: every client is honest.
+        attacking_clients: how many clients (ids 0, 1, ...) ``attack`` makes misbehave (unset: 1).
         hp: algorithm hyperparameters by name (validated by the algorithm).
         run_dir: output folder (default ``runs/<dataset>/<algorithm>/<target>/seed<seed>``).
     """
@@ -134,8 +165,28 @@ class ExperimentConfig(BaseModel):
     protocol: Literal[PROTOCOLS] | None = None
     adaptation_fraction: float | None = Field(None, gt=0, lt=1)
     target_adaptation: Literal["knowledge_vote"] | None = None
+    client_timeout: float | None = Field(None, gt=0)
+    update_norm_factor: float | None = Field(None, gt=1)
+    robust_aggregation: Literal[ROBUST_RULES] | None = None
+    trimmed_fraction: float | None = Field(None, gt=0, lt=0.5)
+    byzantine_clients: int | None = Field(None, gt=0)
+    differential_privacy: DifferentialPrivacy | None = None
+    attack: Literal[FAULTS] | None = None
+    attacking_clients: int | None = Field(None, gt=0)
     hp: dict[str, Any] = Field(default_factory=dict)
     run_dir: Path | None = None
+
+    def __init__(self, **values: Any) -> None:
+        """Validate the settings.
+
+        Raises:
+            ConfigError: one line naming the first bad or unknown setting (never pydantic's
+                multi-line ``ValidationError``), whether the settings come from a file, flags or Python.
+        """
+        try:
+            super().__init__(**values)
+        except ValidationError as error:
+            raise ConfigError(one_line(error)) from None
 
     @field_validator("target", mode="before")
     @classmethod
@@ -184,6 +235,22 @@ class ExperimentConfig(BaseModel):
             raise ValueError("few_shot_per_client (labelled target samples) and protocol: domain_adaptation exclude each other")
         return self
 
+    @model_validator(mode="after")
+    def _server_options(self) -> "ExperimentConfig":
+        if self.trimmed_fraction is not None and self.robust_aggregation != "trimmed_mean":
+            raise ValueError("trimmed_fraction applies to robust_aggregation: trimmed_mean only")
+        if self.byzantine_clients is not None and self.robust_aggregation not in ("krum", "multi_krum"):
+            raise ValueError("byzantine_clients applies to robust_aggregation: krum or multi_krum only")
+        if self.attacking_clients is not None and self.attack is None:
+            raise ValueError("attacking_clients applies with an attack only")
+        if self.robust_aggregation is not None and self.differential_privacy is not None:
+            raise ValueError("differential_privacy calibrates its noise to the mean of clipped updates; "
+                             "it cannot be combined with robust_aggregation")
+        if self.differential_privacy is not None and self.target_adaptation is not None:
+            raise ValueError("target_adaptation: knowledge_vote reads each client's model on the server; "
+                             "it cannot be combined with differential_privacy")
+        return self
+
     def resolved_run_dir(self) -> Path:
         if self.run_dir is not None:
             return self.run_dir
@@ -216,22 +283,37 @@ def override_settings(settings: dict[str, Any], changes: dict[str, Any]) -> dict
     return merged
 
 
+def one_line(error: ValidationError) -> str:
+    """The first problem of an :class:`ExperimentConfig`'s validation, in one line."""
+    first = error.errors()[0]
+    key = ".".join(str(part) for part in first["loc"]) or "config"
+    if first["type"] == "extra_forbidden":
+        if len(first["loc"]) > 1:
+            return f"unknown setting {key!r}"
+        return f"unknown setting {key!r}; known settings: {', '.join(ExperimentConfig.model_fields)}"
+    if first["type"] == "value_error" and not first["loc"]:  # a rule across settings: its message says it all
+        return str(first["msg"]).removeprefix("Value error, ")
+    return f"{key}: {first['msg']} (got {first.get('input')!r})"
+
+
 def config_from_mapping(values: dict[str, Any]) -> ExperimentConfig:
     """Validate a mapping (YAML file, CLI flags) into an :class:`ExperimentConfig`.
 
     Raises:
         ConfigError: one line naming the first bad or unknown key.
     """
-    try:
-        return ExperimentConfig(**values)
-    except ValidationError as error:
-        first = error.errors()[0]
-        key = ".".join(str(part) for part in first["loc"]) or "config"
-        if first["type"] == "extra_forbidden":
-            raise ConfigError(f"unknown setting {key!r}; known settings: {', '.join(ExperimentConfig.model_fields)}") from None
-        if first["type"] == "value_error" and not first["loc"]:  # a rule across settings: its message says it all
-            raise ConfigError(str(first["msg"]).removeprefix("Value error, ")) from None
-        raise ConfigError(f"{key}: {first['msg']} (got {first.get('input')!r})") from None
+    return ExperimentConfig(**values)
+
+
+def number_of_clients(config: ExperimentConfig, sources: int, pooled: bool) -> int:
+    """How many clients the run's partition makes from ``sources`` source domains: 1 for a
+    pooled method (Central), one per source domain for ``partition: domain``, else
+    ``num_clients`` (unset: one per source domain)."""
+    if pooled:
+        return 1
+    if config.partition == "domain":
+        return sources
+    return config.num_clients or sources
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
@@ -299,7 +381,35 @@ def validate(config: ExperimentConfig) -> ResolvedNames:
         raise ConfigError("the linear_probe evaluation trains its probes on the server; use id_evaluation: server")
     if config.linear_probe is not None and evaluation_protocol != "linear_probe":
         raise ConfigError("linear_probe settings apply to evaluation_protocol: linear_probe only")
+    check_server_options(config, algorithm, number_of_clients(config, len(spec.domain_names) - 1, algorithm.pooled))
     return ResolvedNames(spec, algorithm, hparams, data_root, evaluation_protocol)
+
+
+def check_server_options(config: ExperimentConfig, algorithm: Algorithm, clients: int) -> None:
+    """Whether the run's robust aggregation, differential privacy and attack fit the method
+    and its ``clients`` clients.
+
+    Raises:
+        ConfigError: robust aggregation or differential privacy on a method whose server needs
+            each client's own update (:attr:`fedbed.algorithms.Algorithm.secure_aggregation_compatible`),
+            a robust rule with too few clients a round
+            (:func:`fedbed.algorithms.robust_aggregation.check_robust_aggregation`), or more
+            attacking clients than clients.
+    """
+    option = "robust_aggregation" if config.robust_aggregation else "differential_privacy" if config.differential_privacy else None
+    if option is not None and not algorithm.secure_aggregation_compatible:
+        raise ConfigError(f"{algorithm.name}'s server needs each client's own update (it is not compatible with secure "
+                          f"aggregation), so {option} does not apply to it; use a method that averages "
+                          "(`fedbed algorithms` marks them)")
+    if config.robust_aggregation is not None:
+        try:
+            check_robust_aggregation(config.robust_aggregation, clients_per_round(clients, config.participation_fraction),
+                                     config.trimmed_fraction or DEFAULT_TRIMMED_FRACTION,
+                                     config.byzantine_clients or DEFAULT_BYZANTINE_CLIENTS)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+    if config.attack is not None and (config.attacking_clients or 1) > clients:
+        raise ConfigError(f"attacking_clients is {config.attacking_clients}, but the run has {clients} client(s)")
 
 
 PLACEMENT_SETTINGS = frozenset({"data_root", "run_dir", "id_evaluation"})

@@ -25,12 +25,13 @@ from fedbed.config import (
     load_config_file,
     validate,
 )
-from fedbed.federation.engine import Federation, run_rounds
+from fedbed.algorithms.differential_privacy import privacy_statement
+from fedbed.federation.engine import Federation, fault_summary, run_rounds
 from fedbed.federation.evaluation import SELECTION_RULES, select_round
 from fedbed.federation.transport import InProcessClients
 from fedbed.jsonlog import to_json
 from fedbed.provenance import read_starts, record_start
-from fedbed.run_directory import CHECKPOINT_NAME, CONFIG_NAME, FLOWER_LOGS, SUMMARY_NAME
+from fedbed.run_directory import CHECKPOINT_NAME, CONFIG_NAME, FLOWER_LOGS, LOG_NAME, SUMMARY_NAME
 
 __all__ = [
     "BuiltRun",
@@ -145,11 +146,15 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, overwrite:
     resumed it, :mod:`fedbed.provenance`) and ``summary.json`` (model selection by ``last``,
     ``train_domain_val`` and ``oracle``, the last labelled as such; ``provenance`` repeats the
     starts; ``data_source`` and ``data_fingerprint`` say which data it read,
-    :attr:`fedbed.data.DomainDataset.fingerprint`).
+    :attr:`fedbed.data.DomainDataset.fingerprint`; ``faults``: the replies dropped and the rounds
+    that kept the previous model, :func:`fedbed.federation.engine.fault_summary`; ``privacy``
+    under differential privacy: (ε, δ) after the run's rounds,
+    :func:`fedbed.algorithms.differential_privacy.privacy_statement`).
 
     Raises:
-        ConfigError: invalid settings, data that cannot be found or read, a model that does not fit.
-        fedbed.federation.engine.EngineError: a round in which every client failed.
+        ConfigError: invalid settings (also when the config was built in Python), data that
+            cannot be found or read, a model that does not fit, a run directory that cannot be used.
+        fedbed.federation.engine.EngineError: a method that needs every selected client lost one.
     """
     built = build_run(config)
     if overwrite and not resume:
@@ -168,7 +173,7 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
 
     Raises:
         ConfigError: a run directory that cannot be used or resumed.
-        fedbed.federation.engine.EngineError: a round in which every client failed.
+        fedbed.federation.engine.EngineError: a method that needs every selected client lost one.
     """
     config, dataset, partitions = built.config, built.dataset, built.partitions
     echo(f"data: {dataset.source}")
@@ -221,7 +226,16 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
         "selection": {rule: select_round(evaluations, rule) for rule in SELECTION_RULES},
         "evaluation": statement,
         "provenance": starts,
+        "faults": fault_summary(run_dir / LOG_NAME),
         "note": "accuracies in percent; 'oracle' selects the round by target accuracy and is not a valid DG estimate",
     }
+    if config.differential_privacy is not None:
+        summary["privacy"] = privacy_statement(config.differential_privacy, built.sample_rate, config.rounds)
+        echo(f"privacy: {summary['privacy']['note']}")
+    faults = summary["faults"]
+    if faults["dropped_replies"] or faults["rounds_keeping_previous_model"]:
+        echo(f"faults: {faults['dropped_replies']} repl{'y' if faults['dropped_replies'] == 1 else 'ies'} dropped "
+             f"(reasons in rounds.jsonl, 'dropped'); rounds that kept the previous model: "
+             f"{', '.join(faults['rounds_keeping_previous_model']) or 'none'}")
     (run_dir / SUMMARY_NAME).write_text(to_json(summary, indent=2))
     return summary

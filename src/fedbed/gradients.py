@@ -58,6 +58,61 @@ def unflatten(vector: torch.Tensor, like: Mapping[str, torch.Tensor], keys: Sequ
     return out
 
 
+def clip_to_norm(updates: torch.Tensor, clipping_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale each row to an L2 norm of at most ``C``: ``Δ_k · min(1, C / ||Δ_k||)``.
+
+    The fixed clipping of client-level differential privacy (McMahan et al., "Learning
+    Differentially Private Recurrent Language Models", ICLR 2018; Flower's
+    ``compute_clip_model_update``, which clips ``param1 − param2`` the same way).
+
+    Args:
+        updates: ``[K, P]`` client updates (any unit: parameter change).
+        clipping_norm: ``C`` > 0, in the updates' unit.
+
+    Returns:
+        ``(clipped [K, P] float64, norms before clipping [K] float64)``; an all-zero row stays zero.
+
+    Raises:
+        ValueError: ``updates`` is not ``[K, P]`` or ``clipping_norm <= 0``.
+    """
+    if updates.dim() != 2:
+        raise ValueError(f"updates must be [K, P], got shape {tuple(updates.shape)}")
+    if not clipping_norm > 0:
+        raise ValueError(f"the clipping norm must be positive, got {clipping_norm}")
+    updates = updates.to(torch.float64)
+    norms = updates.norm(dim=1)
+    scale = torch.where(norms > clipping_norm, clipping_norm / torch.where(norms > 0, norms, torch.ones_like(norms)),
+                        torch.ones_like(norms))
+    return updates * scale[:, None], norms
+
+
+def floating_keys(sent: Mapping[str, torch.Tensor], returned: Mapping[str, torch.Tensor]) -> list[str]:
+    """The names of the floating-point arrays of ``returned`` that ``sent`` holds with the same
+    shape, in ``returned``'s order: the arrays over which an update ``returned − sent`` is measured."""
+    return [key for key, value in returned.items()
+            if value.is_floating_point() and key in sent and sent[key].shape == value.shape]
+
+
+def clip_update(returned: Mapping[str, torch.Tensor], sent: Mapping[str, torch.Tensor],
+                clipping_norm: float) -> tuple[dict[str, torch.Tensor], float]:
+    """``returned`` with its update ``returned − sent`` (over :func:`floating_keys`) clipped to
+    norm ``C`` (:func:`clip_to_norm`); other arrays unchanged. What a client sends under
+    client-side fixed clipping (Flower's ``fixedclipping_mod``).
+
+    Returns:
+        ``(clipped arrays, in the dtypes of returned, the update's norm before clipping)``.
+
+    Raises:
+        ValueError: ``clipping_norm <= 0``.
+    """
+    keys = floating_keys(sent, returned)
+    if not keys:
+        return dict(returned), 0.0
+    start = flatten(sent, keys)
+    clipped, norms = clip_to_norm((flatten(returned, keys) - start)[None, :], clipping_norm)
+    return {**returned, **unflatten(start + clipped[0], returned, keys)}, float(norms[0])
+
+
 def cosine_similarities(vectors: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
     """Cosine ``⟨a_k, b_m⟩ / (||a_k|| ||b_m||)`` of every row of ``vectors`` with every row of ``others``.
 

@@ -268,16 +268,20 @@ def sweep_tables(
 
 
 def evaluation_notes(sweep_dir: Path) -> list[str]:
-    """What the evaluation of the finished runs below ``sweep_dir`` read, one line per distinct
-    statement (:meth:`fedbed.build.BuiltRun.evaluation_statement`) with its number of runs: a
-    table scored by a linear probe, which reads target labels, or under domain adaptation says so."""
+    """What the evaluation of the finished runs below ``sweep_dir`` read, and what privacy they
+    guarantee, one line per distinct statement with its number of runs: a table scored by a
+    linear probe, which reads target labels, or under domain adaptation says so
+    (:meth:`fedbed.build.BuiltRun.evaluation_statement`); runs under differential privacy give
+    their (ε, δ) (:func:`fedbed.algorithms.differential_privacy.privacy_statement`)."""
     counts: dict[str, int] = {}
     for summary in collect_summaries(sweep_dir):
         statement = summary.get("evaluation") or {}
-        for key in ("note", "adaptation_note"):
-            if key in statement:
-                counts[statement[key]] = counts.get(statement[key], 0) + 1
-    return [f"evaluation ({count} run{'s' if count > 1 else ''}): {note}" for note, count in counts.items()]
+        notes = [f"evaluation ({{}}): {statement[key]}" for key in ("note", "adaptation_note") if key in statement]
+        if summary.get("privacy"):
+            notes.append(f"privacy ({{}}): {summary['privacy']['note']}")
+        for note in notes:
+            counts[note] = counts.get(note, 0) + 1
+    return [note.format(f"{count} run{'s' if count > 1 else ''}") for note, count in counts.items()]
 
 
 def data_sources(summaries: list[dict[str, Any]]) -> tuple[list[str], bool]:

@@ -94,7 +94,7 @@ from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
 from fedbed.data.augmentation import AUGMENTATIONS, Augmentation
 from fedbed.federation.local_data import Batch, ClientData
 from fedbed.federation.messages import Payload, Reply, RoundSummary
-from fedbed.gradients import clone_arrays, weighted_average
+from fedbed.gradients import clone_arrays
 from fedbed.models import DomainClassifier
 from fedbed.models.networks import ModelError
 
@@ -414,10 +414,9 @@ class FedADGStrategy(FedAvgStrategy):
     """Algorithm 1's server: the uniform mean 1/K Σ_k w_k of the clients' F, C and G (Step s3),
     whatever their sizes; the clients' mean adversarial losses in the round's metrics."""
 
-    def combine(self, round_number: int, replies: dict[int, Reply]) -> tuple[dict, dict[str, Any]]:
-        order = sorted(replies)
-        telemetry = {"weights": {str(c): 1.0 / len(order) for c in order}}
-        return weighted_average([replies[c].arrays for c in order], [1.0] * len(order)), telemetry
+    def client_weights(self, replies: dict[int, Reply], order: list[int]) -> list[float]:
+        """Every client weighs 1 (the uniform mean 1/K of Step s3)."""
+        return [1.0] * len(order)
 
     def aggregate(self, round_number: int, replies: dict[int, Reply]) -> RoundSummary:
         summary = super().aggregate(round_number, replies)

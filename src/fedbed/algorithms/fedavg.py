@@ -8,21 +8,30 @@ from typing import Any
 from torch import nn
 
 from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm
+from fedbed.algorithms.model_aggregation import MODEL_AGGREGATION_PURPOSE, ClientModels, ModelAggregation
 from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
 from fedbed.federation.strategy import ServerStrategy
-from fedbed.gradients import clone_arrays, weighted_average
+from fedbed.gradients import clone_arrays
+from fedbed.seeding import seeded_generator
 
 
 class FedAvgStrategy(ServerStrategy):
     """Send every client the global model; replace it by the n_k/n-weighted mean of the replies.
 
     McMahan et al. 2017, Algorithm 1: ``θ ← Σ_k (n_k / n) θ_k`` over the clients of the round,
-    with ``n = Σ_k n_k``. Subclasses change :meth:`combine` to aggregate differently.
+    with ``n = Σ_k n_k``. The average is :attr:`aggregation`'s (FedAvg's by default; the run's
+    robust aggregation or differential privacy replace it for every method built on this
+    strategy); subclasses change :meth:`client_weights` (FedADG's uniform mean) or
+    :meth:`combine` (the update aggregators).
+
+    Attributes:
+        aggregation: the seam of the run's server options (:mod:`fedbed.algorithms.model_aggregation`).
     """
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, aggregation: ModelAggregation | None = None) -> None:
         self.seed = seed
+        self.aggregation = aggregation or ModelAggregation()
 
     def initialize(self, model: nn.Module, clients: list[ClientInfo]) -> None:
         self.model = model
@@ -30,15 +39,18 @@ class FedAvgStrategy(ServerStrategy):
 
     def configure_round(self, round_number: int, selected: list[int]) -> dict[int, Payload]:
         arrays = clone_arrays(self.model.state_dict())
-        return {client: Payload(arrays=arrays) for client in selected}
+        return {client: Payload(arrays=arrays, config=self.aggregation.client_config()) for client in selected}
+
+    def client_weights(self, replies: dict[int, Reply], order: list[int]) -> list[float]:
+        """The averaging weight of each client of ``order``: its ``num_examples`` n_k."""
+        return [replies[c].num_examples for c in order]
 
     def combine(self, round_number: int, replies: dict[int, Reply]) -> tuple[dict, dict[str, Any]]:
         """The new global state dict and the telemetry of the combination (weights n_k/n)."""
         order = sorted(replies)
-        weights = [replies[c].num_examples for c in order]
-        total = sum(weights)
-        telemetry = {"weights": {str(c): w / total for c, w in zip(order, weights)}}
-        return weighted_average([replies[c].arrays for c in order], weights), telemetry
+        generator = seeded_generator(self.seed, round_number, MODEL_AGGREGATION_PURPOSE)
+        return self.aggregation.aggregate(ClientModels(self.model.state_dict(), order, [replies[c].arrays for c in order],
+                                                       self.client_weights(replies, order), round_number, generator))
 
     def aggregate(self, round_number: int, replies: dict[int, Reply]) -> RoundSummary:
         new_state, telemetry = self.combine(round_number, replies)

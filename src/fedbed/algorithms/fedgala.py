@@ -240,6 +240,7 @@ class FedGaLA(SelfSupervisedAlgorithm):
     """FedGaLA (``fedgala.md``, Algorithm 1): local and global gradient alignment on SimCLR clients."""
 
     name = "fedgala"
+    secure_aggregation_compatible = False  # the server needs each client's own update or model
     summary = ("FedGaLA: SimCLR clients that skip layer updates unaligned with the global model's last change "
                "(local alignment) and a server reweighting client updates by their alignment (global alignment).")
     hyperparameters = FedGaLAHyperparameters
@@ -264,6 +265,7 @@ class FedAvgGlobalAlignment(SupervisedAlgorithm):
     """FedAvg's supervised clients with FedGaLA's global gradient alignment on the server."""
 
     name = "fedavg_global_alignment"
+    secure_aggregation_compatible = False  # the server needs each client's own update or model
     summary = "FedAvg clients; server reweights client updates by their alignment with the consensus (FedGaLA Alg. 1, lines 5-13)."
     hyperparameters = GlobalAlignmentHyperparameters
 

@@ -60,6 +60,7 @@ class AgrSum(SupervisedAlgorithm):
     """AgrSum (Mansilla et al., ICCV 2021, Sec. 3): conflicting-sign coordinates are zeroed."""
 
     name = "agrsum"
+    secure_aggregation_compatible = False  # the server needs each client's own update or model
     summary = "AgrSum (Mansilla et al. 2021): keep coordinates whose sign all clients agree on, zero the rest."
     hyperparameters = LocalTrainingHyperparameters
     random_fill = False

@@ -279,6 +279,7 @@ class HFedF(SupervisedAlgorithm):
     """hFedF (``hfedf.txt``, Sec. 4, Algorithms 1-4; App. C.7-C.8)."""
 
     name = "hfedf"
+    secure_aggregation_compatible = False  # the server needs each client's own update or model
     summary = "hFedF: server hypernetwork generates each client's weights; GradAlign + Adam + EMA on the server."
     hyperparameters = HFedFHyperparameters
     dataset_defaults = {  # hfedf.txt Table 10, Office-Home and VLCS columns

@@ -57,6 +57,7 @@ class LocalOnly(SupervisedAlgorithm):
     """Local-only training (hFedF Sec. 5.1): the no-communication lower reference."""
 
     name = "local"
+    secure_aggregation_compatible = False  # the server needs each client's own update or model
     summary = "Local-only: each client trains alone; reports the mean over the client models."
     hyperparameters = LocalTrainingHyperparameters
     dataset_defaults = FedAvg.dataset_defaults  # hfedf.txt App. C.8.2: Local takes FedAvg's values

@@ -79,6 +79,7 @@ class PPDG(SupervisedAlgorithm):
     """
 
     name = "ppdg"
+    secure_aggregation_compatible = False  # the server needs each client's own update or model
     summary = "PPDG (Algorithm 1): pairwise alignment of conflicting client updates on the server, then the mean."
     hyperparameters = PPDGHyperparameters
     dataset_defaults: ClassVar[dict[str, dict[str, Any]]] = {

@@ -82,6 +82,13 @@ class Algorithm(ABC):
             otherwise (``argmax``, or ``linear_probe`` for self-supervised methods).
         draws_its_own_views: the method augments its batches itself (its own hyperparameter
             names the augmentation), so the run's ``augmentation`` setting is refused for it.
+        secure_aggregation_compatible: the server needs only the (weighted) sum of the clients'
+            models, as FedAvg's, so it could run under secure aggregation; its strategy averages
+            through :class:`fedbed.algorithms.model_aggregation.ModelAggregation`, where the run's
+            ``robust_aggregation`` and ``differential_privacy`` plug in. ``False`` for a method
+            whose server needs each client's own update or model (PPDG, AgrSum, PCGrad, FedGMA,
+            FedGaLA's global alignment, hFedF's GradAlign, MCGDM's heads, Local-only): both
+            settings are refused for it.
     """
 
     name: ClassVar[str]
@@ -91,6 +98,7 @@ class Algorithm(ABC):
     dataset_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
     evaluation_protocol: ClassVar[str] = "argmax"
     draws_its_own_views: ClassVar[bool] = False
+    secure_aggregation_compatible: ClassVar[bool] = True
 
     def wrap_model(self, model: DomainClassifier, hparams: Any) -> DomainClassifier:
         """The model the method trains, built around the protocol's model (unchanged by default;

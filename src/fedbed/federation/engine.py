@@ -2,15 +2,19 @@
 
 One round: sample clients -> ``configure_round`` -> each selected client's ``fit`` through a
 :class:`~fedbed.federation.transport.ClientTransport` (in this process one after another, or on
-Flower) -> reply checks -> alignment telemetry of the client updates (for
-every method: pairwise cosines, conflicting pairs, norms) -> ``aggregate`` -> evaluation every
-``eval_every`` rounds -> one JSONL line -> checkpoint. Every random draw of round ``r`` on client ``k`` is seeded
+Flower) -> reply checks (:func:`check_reply` per reply, then :func:`outlying_updates` across the
+round) -> alignment telemetry of the client updates (for every method: pairwise cosines,
+conflicting pairs, norms) -> ``aggregate`` (skipped when no reply is left, and undone when it
+leaves a non-finite model: the round then keeps the previous model and its log line says why)
+-> evaluation every ``eval_every`` rounds -> one JSONL line -> checkpoint. Every random draw of round ``r`` on client ``k`` is seeded
 from ``(seed, r, k)``, so a run resumed from its checkpoint equals an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -26,17 +30,23 @@ from fedbed.federation.client_evaluation import combine_client_statistics, evalu
 from fedbed.federation.evaluation import evaluate_models
 from fedbed.federation.linear_probe import LinearProbe
 from fedbed.federation.local_data import ClientData, UnlabeledImages
-from fedbed.federation.messages import ClientInfo, Payload, Reply
+from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
 from fedbed.federation.strategy import ServerStrategy
-from fedbed.federation.transport import ClientTransport
-from fedbed.gradients import alignment_telemetry, flatten
+from fedbed.federation.transport import FIT_SECONDS, ClientTransport
+from fedbed.gradients import alignment_telemetry, flatten, floating_keys
 from fedbed.jsonlog import to_json
 from fedbed.run_directory import CHECKPOINT_NAME, LOG_NAME
 
+DEFAULT_UPDATE_NORM_FACTOR = 1000.0
+"""The engine drops an update whose L2 norm exceeds this many times the (lower) median of the
+round's update norms, unless the run sets ``update_norm_factor``: an honest client's update is
+within a few times its peers' (one client per domain, any method here), a broken or malicious
+one far beyond."""
 
 
 class EngineError(RuntimeError):
-    """Raised when a run cannot go on (every client of a round failed, a checkpoint is unusable)."""
+    """Raised when a run cannot go on (a method that needs every selected client lost one, a
+    checkpoint is unusable)."""
 
 
 @dataclass
@@ -61,6 +71,12 @@ class Federation:
         adaptation_labels_for_the_log: the adaptation share's labels, read only by
             :func:`adaptation_log` to log the accuracy of a strategy's pseudo-labels (never
             given to the strategy, never used by training or model selection).
+        client_timeout: seconds a client's ``fit`` may take (its reply's ``fit_seconds``);
+            a later reply is dropped as late. ``None``: no limit. In-process the fit is measured
+            after it returns (a running fit cannot be pre-empted); on Flower the transport's
+            round timeout also stops waiting for a silent node.
+        update_norm_factor: an update whose norm exceeds this many times the round's median
+            update norm is dropped (:func:`outlying_updates`; ``inf`` turns the check off).
     """
 
     strategy: ServerStrategy
@@ -76,6 +92,8 @@ class Federation:
     seed: int = 0
     adaptation_target: UnlabeledImages | None = None
     adaptation_labels_for_the_log: torch.Tensor | None = None
+    client_timeout: float | None = None
+    update_norm_factor: float = DEFAULT_UPDATE_NORM_FACTOR
 
 
 def adaptation_log(pseudo_labels: list[int], labels: torch.Tensor | None) -> dict[str, Any]:
@@ -95,17 +113,26 @@ def adaptation_log(pseudo_labels: list[int], labels: torch.Tensor | None) -> dic
             "pseudo_label_accuracy_reads_target_labels": accuracy}
 
 
-def sample_clients(num_clients: int, participation_fraction: float, seed: int, round_number: int) -> list[int]:
-    """The clients taking part in one round: ``max(1, round(fraction * N))`` drawn without replacement.
-
-    The draw depends only on ``(seed, round_number)``, so a resumed run samples the same clients.
+def clients_per_round(num_clients: int, participation_fraction: float) -> int:
+    """How many clients :func:`sample_clients` selects each round: ``max(1, round(fraction * N))``.
 
     Raises:
         EngineError: if the fraction lies outside ``(0, 1]``.
     """
     if not 0.0 < participation_fraction <= 1.0:
         raise EngineError(f"participation fraction must lie in (0, 1], got {participation_fraction}")
-    count = max(1, round(participation_fraction * num_clients))
+    return min(num_clients, max(1, round(participation_fraction * num_clients)))
+
+
+def sample_clients(num_clients: int, participation_fraction: float, seed: int, round_number: int) -> list[int]:
+    """The clients taking part in one round: :func:`clients_per_round` drawn without replacement.
+
+    The draw depends only on ``(seed, round_number)``, so a resumed run samples the same clients.
+
+    Raises:
+        EngineError: if the fraction lies outside ``(0, 1]``.
+    """
+    count = clients_per_round(num_clients, participation_fraction)
     if count >= num_clients:
         return list(range(num_clients))
     chosen = torch.randperm(num_clients, generator=seeded_generator(seed, 15485863, round_number))[:count]
@@ -129,17 +156,30 @@ def evaluate_federation(federation: Federation) -> tuple[dict[str, Any], dict[st
     return evaluation, dropped
 
 
-def check_reply(reply: Reply, expected: dict[str, torch.Tensor]) -> str | None:
-    """Why a reply must be dropped, or ``None`` if it is usable.
+def check_reply(reply: Reply, expected: dict[str, torch.Tensor], client_timeout: float | None = None) -> str | None:
+    """Why a reply must be dropped, or ``None`` if it is usable: the engine's one check of
+    every reply, on every backend, before any method sees it.
 
-    A reply is dropped when it lacks an array that was sent, returns an array of another shape
-    or dtype than the one of the same name that was sent, holds non-finite values, or reports
-    no training example.
+    A reply is dropped when it came later than ``client_timeout`` seconds (its
+    :data:`~fedbed.federation.transport.FIT_SECONDS` metric), lacks an array that was sent,
+    returns an array that was not sent, returns an array of another shape or dtype than the one
+    of the same name that was sent, holds non-finite values, or reports no training example.
+
+    Args:
+        reply: one client's reply.
+        expected: the payload's ``arrays`` sent to that client.
+        client_timeout: seconds; ``None``: no limit.
     """
+    seconds = reply.metrics.get(FIT_SECONDS)
+    if client_timeout is not None and seconds is not None and seconds > client_timeout:
+        return (f"late: its fit took {seconds:.3g} s, over the client_timeout of {client_timeout:g} s "
+                "(in-process, measured after the fit returned)")
     for name, sent in expected.items():
         if name not in reply.arrays:
             return f"array {name} is missing from the reply"
     for name, array in reply.arrays.items():
+        if name not in expected:
+            return f"array {name} was not sent (unexpected in the reply)"
         if name in expected and (array.shape != expected[name].shape or array.dtype != expected[name].dtype):
             return (f"array {name} is {array.dtype} {tuple(array.shape)}, expected "
                     f"{expected[name].dtype} {tuple(expected[name].shape)}")
@@ -154,19 +194,71 @@ def client_updates(payloads: dict[int, Payload], replies: dict[int, Reply]) -> t
     """Each replying client's update ``reply − payload`` over the floating-point arrays both hold.
 
     Returns:
-        ``(client ids, updates [K, P])``, or ``None`` when the replies share no such array with
-        what was sent (then no alignment telemetry is logged).
+        ``(client ids, updates [K, P])``, or ``None`` when there is no reply or the replies share
+        no such array with what was sent (then no alignment telemetry is logged).
     """
     order = sorted(replies)
-    first_sent, first_back = payloads[order[0]].arrays, replies[order[0]].arrays
-    keys = [
-        k for k, v in first_back.items()
-        if v.is_floating_point() and k in first_sent and first_sent[k].shape == v.shape
-    ]
+    if not order:
+        return None
+    keys = floating_keys(payloads[order[0]].arrays, replies[order[0]].arrays)
     if not keys:
         return None
     updates = torch.stack([flatten(replies[c].arrays, keys) - flatten(payloads[c].arrays, keys) for c in order])
     return order, updates
+
+
+def outlying_updates(client_ids: Sequence[int], norms: torch.Tensor, factor: float) -> dict[int, str]:
+    """The clients whose update norm exceeds ``factor`` times the round's median update norm,
+    each with the reason it is dropped.
+
+    The median is the lower one (``torch.median``: of two norms, the smaller), so that of two
+    clients the one far above the other is caught; a round whose median norm is 0 (most clients
+    did not move) drops nothing, since no ratio is defined.
+
+    Args:
+        client_ids: the K clients, in the order of ``norms``.
+        norms: ``[K]`` L2 norms of the clients' updates (parameter units).
+        factor: the threshold (> 1), ``update_norm_factor``; ``inf`` drops nothing.
+    """
+    if len(client_ids) == 0 or math.isinf(factor):
+        return {}
+    median = float(norms.median())
+    if median <= 0:
+        return {}
+    return {client: (f"update norm {float(norm):.3g} is over {factor:g} x the round's median update norm "
+                     f"{median:.3g} (update_norm_factor)")
+            for client, norm in zip(client_ids, norms) if float(norm) > factor * median}
+
+
+def non_finite_model(strategy: ServerStrategy) -> str | None:
+    """The first floating-point array of the strategy's evaluation models that holds a
+    non-finite value, named, or ``None`` when every one is finite."""
+    for index, (model, _) in enumerate(strategy.evaluation_models()):
+        for name, tensor in model.state_dict().items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                return f"model {index} array {name}"
+    return None
+
+
+def aggregate_or_keep(strategy: ServerStrategy, round_number: int, replies: dict[int, Reply]) -> tuple[RoundSummary, str | None]:
+    """Aggregate the round's checked replies, or keep the previous model.
+
+    With no reply left, the strategy is not called; when its aggregation leaves a non-finite
+    array in an evaluation model (:func:`non_finite_model`), its state from before the round is
+    restored.
+
+    Returns:
+        ``(the strategy's summary, or an empty one; None, or why the previous model was kept)``.
+    """
+    if not replies:
+        return RoundSummary(), "no reply passed the checks (see dropped): the global model is unchanged"
+    before = copy.deepcopy(strategy.state_dict())
+    summary = strategy.aggregate(round_number, replies)
+    broken = non_finite_model(strategy)
+    if broken is None:
+        return summary, None
+    strategy.load_state_dict(before)
+    return summary, f"the aggregation left non-finite values in {broken}: the previous model is restored"
 
 
 def client_infos(partitions: Sequence[Any]) -> list[ClientInfo]:
@@ -184,6 +276,21 @@ def _complete_lines(log_path: Path) -> list[str]:
             continue
         lines.append(line)
     return lines
+
+
+def fault_summary(log_path: Path) -> dict[str, Any]:
+    """What the run's log says about faults, for the summary: ``dropped_replies`` (how many
+    replies the engine dropped over the run), ``dropped_by_client`` (client id -> count) and
+    ``rounds_keeping_previous_model`` (the rounds whose model did not change, with why)."""
+    dropped: dict[str, int] = {}
+    kept: dict[str, str] = {}
+    for line in _complete_lines(log_path):
+        record = json.loads(line)
+        for client in record.get("dropped", {}):
+            dropped[client] = dropped.get(client, 0) + 1
+        if record.get("kept_previous_model"):
+            kept[str(record["round"])] = record["kept_previous_model"]
+    return {"dropped_replies": sum(dropped.values()), "dropped_by_client": dropped, "rounds_keeping_previous_model": kept}
 
 
 def _save_checkpoint(path: Path, round_number: int, federation: Federation) -> None:
@@ -230,8 +337,13 @@ def run_rounds(
     Returns:
         One dict per evaluated round: ``round``, ``id``, ``id_mean``, ``ood``, ``ood_mean``.
 
+    A round in which no reply passes the checks, or whose aggregation leaves a non-finite model,
+    keeps the previous model (and the strategy's state); its log line says so in
+    ``kept_previous_model``.
+
     Raises:
-        EngineError: every client of a round failed, or ``resume`` without a usable checkpoint.
+        EngineError: a method that needs every selected client lost one, or ``resume`` without
+            a usable checkpoint.
     """
     log_path, checkpoint_path = run_dir / LOG_NAME, run_dir / CHECKPOINT_NAME
     start = 1
@@ -257,24 +369,29 @@ def run_rounds(
         selected = sample_clients(federation.clients.num_clients, participation_fraction, seed, round_number)
         payloads = federation.strategy.configure_round(round_number, selected)
         for client in selected:
-            payloads[client].config.update({"round": round_number, "rounds": rounds,
+            payloads[client].config.update({"round": round_number, "rounds": rounds, "client": client,
                                             "batch_seed": derive_seed(seed, round_number, client)})
         replies: dict[int, Reply] = {}
         dropped: dict[str, str] = {}
         for client, outcome in sorted(federation.clients.fit_round({c: payloads[c] for c in selected}).items()):
-            reason = outcome if isinstance(outcome, str) else check_reply(outcome, payloads[client].arrays)
+            reason = outcome if isinstance(outcome, str) else check_reply(outcome, payloads[client].arrays,
+                                                                           federation.client_timeout)
             if reason is None:
                 replies[client] = outcome
             else:
                 dropped[str(client)] = reason
-        if not replies:
-            raise EngineError(f"round {round_number}: every selected client failed: {dropped}")
-        if dropped and federation.strategy.requires_every_client:
-            lost = "; ".join(f"client {client}: {reason}" for client, reason in sorted(dropped.items()))
-            raise EngineError(f"round {round_number}: this method needs every selected client, and lost {lost}")
         updates = client_updates(payloads, replies)
+        if updates is not None:
+            outliers = outlying_updates(updates[0], updates[1].norm(dim=1), federation.update_norm_factor)
+            if outliers:
+                dropped.update({str(client): reason for client, reason in outliers.items()})
+                replies = {client: reply for client, reply in replies.items() if client not in outliers}
+                updates = client_updates(payloads, replies)
+        if dropped and federation.strategy.requires_every_client:
+            lost = "; ".join(f"client {client}: {reason}" for client, reason in sorted(dropped.items(), key=lambda item: int(item[0])))
+            raise EngineError(f"round {round_number}: this method needs every selected client, and lost {lost}")
         alignment = alignment_telemetry(updates[1], updates[0]) if updates is not None else None
-        summary = federation.strategy.aggregate(round_number, replies)
+        summary, kept_previous_model = aggregate_or_keep(federation.strategy, round_number, replies)
         pseudo_labels = summary.telemetry.pop("pseudo_labels", None)
         adaptation = adaptation_log(pseudo_labels, federation.adaptation_labels_for_the_log) if pseudo_labels is not None else None
         evaluation, evaluation_dropped = None, {}
@@ -287,6 +404,7 @@ def run_rounds(
             "round": round_number,
             "selected": selected,
             "dropped": dropped,
+            "kept_previous_model": kept_previous_model,
             "metrics": summary.metrics,
             "alignment": alignment,
             "telemetry": summary.telemetry,

@@ -10,6 +10,7 @@ so a client computes the same reply wherever it runs.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from fedbed.federation.client_evaluation import ClientEvaluator
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.strategy import ClientTrainer
+from fedbed.gradients import clip_update
 
 
 class TransportError(RuntimeError):
@@ -27,19 +29,38 @@ class TransportError(RuntimeError):
     process failed); the message says what failed and where its log is."""
 
 
+FIT_SECONDS = "fit_seconds"
+"""The reply metric :func:`fit_client` adds: wall-clock seconds of the client's ``fit``, which
+the engine compares with the run's ``client_timeout``."""
+
+CLIPPING_NORM = "clipping_norm"
+"""The payload config key of client-side fixed clipping: when present, :func:`fit_client` clips
+the reply's update to this L2 norm before it leaves the client (Flower's ``fixedclipping_mod``)."""
+
+
 def fit_client(trainer: ClientTrainer, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
     """One client's local training for one round, seeded from ``payload.config["batch_seed"]``.
 
-    The engine puts ``round``, ``rounds`` (the run's total) and ``batch_seed`` (derived from the
-    run's seed, the round and the client id) into every payload's config; seeding torch's global generator from it makes
-    dropout and any other global draw of the client reproducible wherever the client runs.
+    The engine puts ``round``, ``rounds`` (the run's total), ``client`` (the client's id) and
+    ``batch_seed`` (derived from the run's seed, the round and the client id) into every
+    payload's config; seeding torch's global generator from it makes dropout and any other
+    global draw of the client reproducible wherever the client runs. The reply's metrics gain
+    :data:`FIT_SECONDS`, the wall-clock time of ``fit``; under client-side differential privacy
+    (the payload's config holds :data:`CLIPPING_NORM`) the reply's update ``reply − payload`` is
+    clipped to that norm here, on the client (:func:`fedbed.gradients.clip_update`).
 
     Raises:
         KeyError: the payload carries no ``batch_seed`` (it did not come from the engine).
         Exception: whatever the trainer raises (the engine drops the client for the round).
     """
     torch.manual_seed(int(payload.config["batch_seed"]))
-    return trainer.fit(payload, data, state)
+    began = time.perf_counter()
+    reply = trainer.fit(payload, data, state)
+    seconds = time.perf_counter() - began
+    if CLIPPING_NORM in payload.config:
+        reply.arrays = clip_update(reply.arrays, payload.arrays, float(payload.config[CLIPPING_NORM]))[0]
+    reply.metrics[FIT_SECONDS] = seconds
+    return reply
 
 
 class ClientTransport(ABC):

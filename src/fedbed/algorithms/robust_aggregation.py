@@ -1,0 +1,112 @@
+"""Byzantine-robust aggregation of client models, with Flower's aggregation functions.
+
+A server option for every method that averages (``robust_aggregation`` in the run's settings):
+the round's client models are combined by
+
+- ``median``: the coordinate-wise median (Yin et al., ICML 2018), ``flwr ... aggregate_median``;
+- ``trimmed_mean``: the coordinate-wise mean after dropping the ``⌊β K⌋`` largest and smallest
+  values (Yin et al. 2018; β = ``trimmed_fraction``), ``aggregate_trimmed_avg``;
+- ``krum``: the one client model with the smallest sum of squared distances to its
+  ``K − f − 2`` nearest others (Blanchard et al., NeurIPS 2017; f = ``byzantine_clients``),
+  ``aggregate_krum(..., to_keep=0)``;
+- ``multi_krum``: the n_k-weighted mean of the ``K − f`` models with the best Krum scores
+  (Blanchard et al. 2017, Multi-Krum with m = n − f), ``aggregate_krum(..., to_keep=K − f)``.
+
+Median, trimmed mean and Krum ignore the clients' sizes n_k (as Flower's functions do). The
+rules are applied to every array of the state dict; their results are cast back to each array's
+dtype (integer buffers rounded). Flower is imported when the rule runs, not when this module is
+imported, so that a run without robust aggregation never imports Flower
+(``tests/test_architecture.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fedbed.algorithms.model_aggregation import ClientModels, ModelAggregation
+
+ROBUST_RULES = ("median", "trimmed_mean", "krum", "multi_krum")
+"""The robust aggregation rules (see the module docstring)."""
+
+DEFAULT_TRIMMED_FRACTION = 0.2
+"""β of ``trimmed_mean`` when the run does not set ``trimmed_fraction``: one client of five cut at each end."""
+
+DEFAULT_BYZANTINE_CLIENTS = 1
+"""f of ``krum`` and ``multi_krum`` when the run does not set ``byzantine_clients``."""
+
+
+def check_robust_aggregation(rule: str, clients_per_round: int, trimmed_fraction: float = DEFAULT_TRIMMED_FRACTION,
+                             byzantine_clients: int = DEFAULT_BYZANTINE_CLIENTS) -> None:
+    """Whether ``rule`` can do its job with ``clients_per_round`` clients a round.
+
+    Raises:
+        ValueError: an unknown rule; a median of fewer than 3 clients (it would be their mean);
+            a trimmed mean that trims no client (``⌊β K⌋ = 0``) or ``β`` outside ``[0, 0.5)``;
+            Krum or Multi-Krum with ``K < 2f + 3`` (Blanchard et al. 2017 need ``n > 2f + 2``).
+    """
+    if rule not in ROBUST_RULES:
+        raise ValueError(f"unknown robust aggregation {rule!r}; choose one of {', '.join(ROBUST_RULES)}")
+    if rule == "median" and clients_per_round < 3:
+        raise ValueError(f"robust_aggregation: median needs at least 3 clients a round, this run has {clients_per_round}")
+    if rule == "trimmed_mean" and not (0 <= trimmed_fraction < 0.5 and int(trimmed_fraction * clients_per_round) >= 1):
+        raise ValueError(f"robust_aggregation: trimmed_mean with trimmed_fraction {trimmed_fraction} trims no client of "
+                         f"the {clients_per_round} a round; give a trimmed_fraction in [{1 / clients_per_round:.3g}, 0.5)")
+    if rule in ("krum", "multi_krum") and clients_per_round < 2 * byzantine_clients + 3:
+        raise ValueError(f"robust_aggregation: {rule} tolerates f = {byzantine_clients} byzantine clients only with at "
+                         f"least 2f + 3 = {2 * byzantine_clients + 3} clients a round; this run has {clients_per_round}")
+
+
+class RobustAggregation(ModelAggregation):
+    """One of :data:`ROBUST_RULES` in place of FedAvg's weighted average.
+
+    Args:
+        rule: the rule's name.
+        trimmed_fraction: β of ``trimmed_mean``, in ``[0, 0.5)``.
+        byzantine_clients: f of ``krum`` and ``multi_krum``.
+
+    Raises:
+        ValueError: an unknown rule.
+    """
+
+    def __init__(self, rule: str, trimmed_fraction: float = DEFAULT_TRIMMED_FRACTION,
+                 byzantine_clients: int = DEFAULT_BYZANTINE_CLIENTS) -> None:
+        if rule not in ROBUST_RULES:
+            raise ValueError(f"unknown robust aggregation {rule!r}; choose one of {', '.join(ROBUST_RULES)}")
+        self.rule, self.trimmed_fraction, self.byzantine_clients = rule, trimmed_fraction, byzantine_clients
+
+    def aggregate(self, models: ClientModels) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The rule's model of the round (see :meth:`ModelAggregation.aggregate`).
+
+        Returns:
+            ``(state dict, {"robust_aggregation": rule, "selected": [client]})``; ``selected``
+            names Krum's chosen client (``None`` for the other rules, which mix coordinates).
+
+        Raises:
+            ValueError: as :func:`check_robust_aggregation` for the round's number of replies.
+        """
+        # Imported here, not at the top: an in-process run without robust aggregation must not
+        # import Flower (docs/architecture.md; tests/test_architecture.py).
+        from flwr.server.strategy.aggregate import aggregate_krum, aggregate_median, aggregate_trimmed_avg
+
+        current, clients = models.current, models.clients
+        check_robust_aggregation(self.rule, len(models.arrays), self.trimmed_fraction, self.byzantine_clients)
+        names = list(current)
+        results = [([array[name].detach().cpu().numpy() for name in names], max(1, round(weight)))
+                   for array, weight in zip(models.arrays, models.weights)]
+        selected = None
+        if self.rule == "median":
+            combined = aggregate_median(results)
+        elif self.rule == "trimmed_mean":
+            combined = aggregate_trimmed_avg(results, self.trimmed_fraction)
+        elif self.rule == "krum":
+            combined = aggregate_krum(results, self.byzantine_clients, 0)
+            selected = [clients[next(i for i, (model, _) in enumerate(results) if model is combined)]]
+        else:
+            combined = aggregate_krum(results, self.byzantine_clients, len(results) - self.byzantine_clients)
+        state = {}
+        for name, value in zip(names, combined):
+            tensor = torch.as_tensor(value, dtype=torch.float64 if not current[name].is_floating_point() else None)
+            state[name] = (tensor if current[name].is_floating_point() else tensor.round()).to(current[name].dtype).reshape(current[name].shape)
+        return state, {"robust_aggregation": self.rule, "selected": selected}
