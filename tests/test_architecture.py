@@ -17,7 +17,7 @@ LAYERS = [
     {"fedbed.data", "fedbed.models"},
     {"fedbed.federation", "fedbed.gradients"},
     {"fedbed.algorithms"},
-    {"fedbed.config", "fedbed.build", "fedbed.experiment", "fedbed.provenance"},
+    {"fedbed.config", "fedbed.build", "fedbed.experiment", "fedbed.provenance", "fedbed.run_result"},
     {"fedbed.backends", "fedbed.flower"},
     {"fedbed.sweep", "fedbed.results", "fedbed.reporting", "fedbed.plots"},
     {"fedbed.cli", "fedbed.__main__"},

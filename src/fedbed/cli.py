@@ -266,11 +266,11 @@ def sweep(
 ) -> None:
     """Run a grid of algorithms x targets x seeds x hyperparameters; finished jobs are skipped."""
     from fedbed.config import ConfigError
-    from fedbed.sweep import load_sweep, run_sweep
+    from fedbed.sweep import load_sweep_file, run_sweep
 
     progress = progress and on_terminal()
     try:
-        spec = load_sweep(sweep_file)
+        spec = load_sweep_file(sweep_file)
         if data_root is not None:
             spec = spec.model_copy(update={"base": {**spec.base, "data_root": str(data_root)}})
         folder = out or Path("runs") / "sweeps" / spec.name
@@ -297,7 +297,7 @@ def results(
     where: Annotated[Optional[list[str]], typer.Option(help="Filter column=value (repeatable).")] = None,
 ) -> None:
     """Index the runs below a folder into results.sqlite and list them as a table."""
-    from fedbed.results import ResultsError, query_runs
+    from fedbed.results import ResultsError, index_runs, query_runs
 
     filters = {}
     for pair in where or []:
@@ -307,6 +307,7 @@ def results(
         filters[key] = value.lower() if key == "algorithm" else value  # registry names are lower case
     try:
         rows = query_runs(sweep_dir, filters)
+        index_runs(sweep_dir)  # the store named below, for SQL users
     except ResultsError as error:
         fail(str(error))
     columns = ["label", "target", "seed", "done", "train_domain_val_round", "train_domain_val_id", "train_domain_val_ood", "run"]

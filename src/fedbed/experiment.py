@@ -31,6 +31,7 @@ from fedbed.federation.evaluation import SELECTION_RULES, select_round
 from fedbed.federation.transport import InProcessClients
 from fedbed.jsonlog import to_json
 from fedbed.provenance import read_starts, record_start
+from fedbed.run_result import RunResult, load_run
 from fedbed.run_directory import CHECKPOINT_NAME, CONFIG_NAME, FLOWER_LOGS, LOG_NAME, SUMMARY_NAME
 
 __all__ = [
@@ -134,9 +135,10 @@ def prepare_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool, echo)
 
 
 def run_experiment(config: ExperimentConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
-                   echo=print) -> dict[str, Any]:
+                   echo=print) -> RunResult:
     """Train and evaluate one leave-one-domain-out run in this process; write its run directory;
-    return the summary.
+    return it as data (:class:`fedbed.results.RunResult`: the settings, the summary, which it
+    also is as a mapping, and the per-round, per-domain scores as a ``pandas.DataFrame``).
 
     An earlier run in the run directory with other settings is refused unless ``overwrite``
     (:func:`check_run_dir`); with ``overwrite`` it is deleted first.
@@ -163,7 +165,8 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, overwrite:
     if config.id_evaluation == "clients":
         clients.evaluator = built.evaluator()
         clients.holdouts = [built.client_holdout(k) for k in range(len(built.partitions))]
-    return execute_run(built, built.federation(clients), resume=resume, progress=progress, echo=echo)
+    execute_run(built, built.federation(clients), resume=resume, progress=progress, echo=echo)
+    return load_run(config.resolved_run_dir())
 
 
 def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False, progress: bool = True, echo=print,

@@ -1,4 +1,6 @@
-"""The results store: every run of a sweep folder indexed in one SQLite file (standard library).
+"""Results as data: a run (:func:`load_run`) or every run below a folder (:func:`load_sweep`) as
+pandas tables, and the results store, every run of a sweep folder indexed in SQLite (built in
+memory when read; written to ``results.sqlite`` by :func:`index_runs` for ``fedbed results``).
 
 Tables:
 
@@ -14,8 +16,10 @@ Tables:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +28,12 @@ import yaml
 
 from fedbed.federation.evaluation import SELECTION_RULES
 from fedbed.gradients import mean_pairwise_cosine
-from fedbed.run_directory import CONFIG_NAME, LOG_NAME, STORE_NAME, SUMMARY_NAME, SWEEP_RECORD
+from fedbed.run_directory import CONFIG_NAME, STORE_NAME, SUMMARY_NAME, SWEEP_RECORD
+from fedbed.run_result import HISTORY_COLUMNS, ResultsError, load_run, read_log
 
 RUN_COLUMNS = ("run", "dataset", "algorithm", "label", "target", "seed", "hp", "done") + tuple(
     f"{rule}_{field}" for rule in SELECTION_RULES for field in ("round", "id", "ood")
 )
-
-
-class ResultsError(ValueError):
-    """Raised for a folder that holds no run, or a bad ``--where`` filter."""
 
 
 def varied_hyperparameters(sweep_dir: Path) -> dict[str, list[str]]:
@@ -94,11 +95,8 @@ def logged_mean_cosine(alignment: dict[str, Any]) -> float | None:
     return mean_pairwise_cosine(torch.tensor(cosine, dtype=torch.float64))
 
 
-def index_runs(sweep_dir: Path) -> Path:
-    """(Re)build ``sweep_dir/results.sqlite`` from every run directory below ``sweep_dir``.
-
-    Returns:
-        The path of the store.
+def _fill_store(db: sqlite3.Connection, sweep_dir: Path) -> None:
+    """Create and fill the ``runs`` and ``rounds`` tables from every run directory below ``sweep_dir``.
 
     Raises:
         ResultsError: if no run directory (a folder with ``config.yaml``) is found.
@@ -107,48 +105,68 @@ def index_runs(sweep_dir: Path) -> Path:
     if not configs:
         raise ResultsError(f"{sweep_dir} holds no FedBed run (no {CONFIG_NAME} below it)")
     varied, variants = varied_hyperparameters(sweep_dir), sweep_variants(sweep_dir)
+    db.execute(f"CREATE TABLE runs ({', '.join(RUN_COLUMNS)})")
+    db.execute("CREATE TABLE rounds (run, round, train_loss, id_mean, ood_mean, conflicting_pairs, mean_cosine)")
+    for config_path in configs:
+        run_dir = config_path.parent
+        name = run_dir.relative_to(sweep_dir).as_posix()
+        config = yaml.safe_load(config_path.read_text())
+        summary = json.loads((run_dir / SUMMARY_NAME).read_text()) if (run_dir / SUMMARY_NAME).exists() else None
+        row: dict[str, Any] = {
+            "run": name,
+            "dataset": config["dataset"],
+            "algorithm": config["algorithm"],
+            "label": run_label(config["algorithm"], config.get("hp", {}), varied.get(config["algorithm"], []),
+                               variant_of(config, variants)),
+            "target": config["target"],
+            "seed": config["seed"],
+            "hp": json.dumps(config.get("hp", {}), sort_keys=True),
+            "done": int(summary is not None),
+        }
+        for rule in SELECTION_RULES:
+            chosen = summary["selection"][rule] if summary else {}
+            row.update({f"{rule}_round": chosen.get("round"), f"{rule}_id": chosen.get("id_mean"), f"{rule}_ood": chosen.get("ood_mean")})
+        db.execute(f"INSERT INTO runs VALUES ({', '.join('?' for _ in RUN_COLUMNS)})", [row[c] for c in RUN_COLUMNS])
+        for record in read_log(run_dir):
+            evaluation = record.get("evaluation") or {}
+            alignment = record.get("alignment") or {}
+            db.execute(
+                "INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (name, record["round"], record["metrics"].get("train_loss"), evaluation.get("id_mean"),
+                 evaluation.get("ood_mean"), alignment.get("conflicting_pairs"), logged_mean_cosine(alignment)),
+            )
+
+
+def index_runs(sweep_dir: Path) -> Path:
+    """(Re)build ``sweep_dir/results.sqlite`` from every run directory below ``sweep_dir``: the
+    store ``fedbed results`` writes for SQL users. Reading results (:func:`query_runs`,
+    :func:`query_rounds`, :func:`load_run`, :func:`load_sweep`) writes nothing.
+
+    Returns:
+        The path of the store.
+
+    Raises:
+        ResultsError: if no run directory (a folder with ``config.yaml``) is found.
+    """
     store = sweep_dir / STORE_NAME
     partial = store.with_name(store.name + ".partial")
     partial.unlink(missing_ok=True)
     with sqlite3.connect(partial) as db:
-        db.execute(f"CREATE TABLE runs ({', '.join(RUN_COLUMNS)})")
-        db.execute("CREATE TABLE rounds (run, round, train_loss, id_mean, ood_mean, conflicting_pairs, mean_cosine)")
-        for config_path in configs:
-            run_dir = config_path.parent
-            name = run_dir.relative_to(sweep_dir).as_posix()
-            config = yaml.safe_load(config_path.read_text())
-            summary = json.loads((run_dir / SUMMARY_NAME).read_text()) if (run_dir / SUMMARY_NAME).exists() else None
-            row: dict[str, Any] = {
-                "run": name,
-                "dataset": config["dataset"],
-                "algorithm": config["algorithm"],
-                "label": run_label(config["algorithm"], config.get("hp", {}), varied.get(config["algorithm"], []),
-                                   variant_of(config, variants)),
-                "target": config["target"],
-                "seed": config["seed"],
-                "hp": json.dumps(config.get("hp", {}), sort_keys=True),
-                "done": int(summary is not None),
-            }
-            for rule in SELECTION_RULES:
-                chosen = summary["selection"][rule] if summary else {}
-                row.update({f"{rule}_round": chosen.get("round"), f"{rule}_id": chosen.get("id_mean"), f"{rule}_ood": chosen.get("ood_mean")})
-            db.execute(f"INSERT INTO runs VALUES ({', '.join('?' for _ in RUN_COLUMNS)})", [row[c] for c in RUN_COLUMNS])
-            log = run_dir / LOG_NAME
-            for line in log.read_text().splitlines() if log.exists() else []:
-                record = json.loads(line)
-                evaluation = record.get("evaluation") or {}
-                alignment = record.get("alignment") or {}
-                db.execute(
-                    "INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (name, record["round"], record["metrics"].get("train_loss"), evaluation.get("id_mean"),
-                     evaluation.get("ood_mean"), alignment.get("conflicting_pairs"), logged_mean_cosine(alignment)),
-                )
+        _fill_store(db, sweep_dir)
     partial.replace(store)
     return store
 
 
+def _memory_store(sweep_dir: Path) -> sqlite3.Connection:
+    """The store of :func:`index_runs` built in memory (nothing written)."""
+    db = sqlite3.connect(":memory:")
+    _fill_store(db, sweep_dir)
+    db.row_factory = sqlite3.Row
+    return db
+
+
 def query_runs(sweep_dir: Path, where: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """Rows of the ``runs`` table (indexing first), filtered by ``column = value`` pairs.
+    """Rows of the ``runs`` table (built in memory), filtered by ``column = value`` pairs.
 
     Raises:
         ResultsError: an unknown column in ``where``, or no run below ``sweep_dir``.
@@ -157,21 +175,54 @@ def query_runs(sweep_dir: Path, where: dict[str, str] | None = None) -> list[dic
     unknown = sorted(set(where) - set(RUN_COLUMNS))
     if unknown:
         raise ResultsError(f"unknown column(s) {', '.join(unknown)} in --where; columns: {', '.join(RUN_COLUMNS)}")
-    store = index_runs(sweep_dir)
     clause = " AND ".join(f"CAST({column} AS TEXT) = ?" for column in where)
     sql = "SELECT * FROM runs" + (f" WHERE {clause}" if clause else "") + " ORDER BY algorithm, label, target, seed"
-    with sqlite3.connect(store) as db:
-        db.row_factory = sqlite3.Row
+    with contextlib.closing(_memory_store(sweep_dir)) as db:
         return [dict(row) for row in db.execute(sql, list(where.values()))]
 
 
 def query_rounds(sweep_dir: Path) -> list[dict[str, Any]]:
-    """Every row of the ``rounds`` table joined with its run's label, target and seed."""
-    store = index_runs(sweep_dir)
-    with sqlite3.connect(store) as db:
-        db.row_factory = sqlite3.Row
+    """Every row of the ``rounds`` table (built in memory) joined with its run's label, target and seed."""
+    with contextlib.closing(_memory_store(sweep_dir)) as db:
         rows = db.execute(
             "SELECT runs.label, runs.target, runs.seed, rounds.* FROM rounds JOIN runs ON rounds.run = runs.run "
             "ORDER BY runs.label, runs.target, runs.seed, rounds.round"
         )
         return [dict(row) for row in rows]
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """Every run below a folder as data (:func:`load_sweep`).
+
+    Attributes:
+        runs: one row per run (the ``runs`` columns of :data:`RUN_COLUMNS`, plus
+            ``data_source`` and ``data_fingerprint``), a ``pandas.DataFrame``.
+        history: every run's :func:`evaluation_history` with its ``run``, ``label``, ``target``
+            and ``seed``, a ``pandas.DataFrame``.
+    """
+
+    runs: Any
+    history: Any
+
+
+def load_sweep(sweep_dir: Path) -> SweepResult:
+    """Read every run below ``sweep_dir`` (labelled as ``fedbed results`` labels them); nothing is written.
+
+    Raises:
+        ResultsError: no run below ``sweep_dir``.
+    """
+    import pandas
+
+    sweep_dir = Path(sweep_dir)
+    runs = pandas.DataFrame(query_runs(sweep_dir), columns=list(RUN_COLUMNS))
+    tables, sources = [], []
+    for run in runs.itertuples():
+        result = load_run(sweep_dir / run.run)
+        sources.append((result.summary.get("data_source"), result.summary.get("data_fingerprint")))
+        tables.append(result.history.assign(run=run.run, label=run.label, target=run.target, seed=run.seed))
+    runs["data_source"] = [source for source, _ in sources]
+    runs["data_fingerprint"] = [fingerprint for _, fingerprint in sources]
+    history = pandas.concat(tables, ignore_index=True) if tables else pandas.DataFrame(
+        columns=["run", "label", "target", "seed", *HISTORY_COLUMNS])
+    return SweepResult(runs, history)

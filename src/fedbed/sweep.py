@@ -100,7 +100,7 @@ class SweepSpec(BaseModel):
         return variants
 
 
-def load_sweep(path: Path) -> SweepSpec:
+def load_sweep_file(path: Path) -> SweepSpec:
     """Read and validate a sweep file.
 
     Raises:

@@ -1,0 +1,94 @@
+"""A finished (or running) run as data: its settings, its summary and its per-round, per-domain
+scores as a ``pandas.DataFrame``, read from its run folder without writing anything. What
+:func:`fedbed.experiment.run_experiment` returns; :func:`fedbed.results.load_sweep` reads many."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedbed.run_directory import CONFIG_NAME, LOG_NAME, SUMMARY_NAME
+
+
+class ResultsError(ValueError):
+    """Raised for a folder that holds no run, or a bad ``--where`` filter."""
+
+
+def read_log(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of ``run_dir``'s ``rounds.jsonl`` (none if it has no log yet)."""
+    log = run_dir / LOG_NAME
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
+
+
+HISTORY_COLUMNS = ("round", "kind", "domain", "score", "metric")
+"""Columns of a run's history: per evaluated round, one row per domain and kind (``id``: a
+source domain's holdout; ``ood``: the target), ``score`` in the run's ``metric`` (accuracy in %,
+or Pearson's r)."""
+
+
+def evaluation_history(records: list[dict[str, Any]]) -> "pandas.DataFrame":
+    """The per-round, per-domain scores of a run's log records as a tidy table (:data:`HISTORY_COLUMNS`)."""
+    import pandas
+
+    rows = [{"round": record["round"], "kind": kind, "domain": domain, "score": score,
+             "metric": record["evaluation"].get("metric", "accuracy")}
+            for record in records if record.get("evaluation")
+            for kind in ("id", "ood") for domain, score in (record["evaluation"].get(kind) or {}).items()]
+    return pandas.DataFrame(rows, columns=list(HISTORY_COLUMNS))
+
+
+@dataclass(frozen=True)
+class RunResult(Mapping):
+    """One run as data: what :func:`fedbed.experiment.run_experiment` returns and :func:`load_run` reads.
+
+    It is also the run's summary as a read-only mapping (``result["selection"]``, as
+    ``summary.json``), so code written for the summary dict keeps working.
+
+    Attributes:
+        run_dir: the run folder.
+        config: the resolved settings (``config.yaml``).
+        summary: ``summary.json`` (empty while the run is unfinished).
+        history: per evaluated round and domain, the score (:func:`evaluation_history`).
+        records: the raw ``rounds.jsonl`` records (telemetry included).
+    """
+
+    run_dir: Path
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    history: Any
+    records: list[dict[str, Any]] = field(repr=False)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.summary[key]
+
+    def __iter__(self):
+        return iter(self.summary)
+
+    def __len__(self) -> int:
+        return len(self.summary)
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run wrote its summary."""
+        return bool(self.summary)
+
+
+def load_run(run_dir: Path) -> RunResult:
+    """Read a run folder into a :class:`RunResult`; nothing is written.
+
+    Raises:
+        ResultsError: the folder holds no FedBed run (no ``config.yaml``).
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / CONFIG_NAME).is_file():
+        raise ResultsError(f"{run_dir} holds no FedBed run (no {CONFIG_NAME})")
+    summary_path = run_dir / SUMMARY_NAME
+    records = read_log(run_dir)
+    return RunResult(run_dir, yaml.safe_load((run_dir / CONFIG_NAME).read_text()) or {},
+                     json.loads(summary_path.read_text()) if summary_path.is_file() else {},
+                     evaluation_history(records), records)
