@@ -74,9 +74,19 @@ def test_flower_app_writes_the_run_for_flwr_run(tmp_path):
     assert result.exit_code == 0, result.output
     project = tomllib.loads((tmp_path / "job" / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
     assert project["components"] == {"serverapp": "fedbed.flower.apps:server_app", "clientapp": "fedbed.flower.apps:client_app"}
-    written = ExperimentConfig.model_validate_json(project["config"]["fedbed-config"])
+    from flwr.common.config import flatten_dict, parse_config_args
+
+    from fedbed.flower.apps import config_json_from_run_config
+
+    settings = project["config"]["fedbed"]  # one key per setting, so --run-config can override one
+    assert (settings["algorithm"], settings["rounds"], settings["id_evaluation"]) == ("hfedf", 3, "clients")
+    assert "data_root" not in settings and project["config"]["fedbed-round-timeout"] == 60.0
+    run_config = flatten_dict(project["config"])  # what Flower hands the apps
+    written = ExperimentConfig.model_validate_json(config_json_from_run_config(run_config))
     assert (written.algorithm, written.rounds, written.id_evaluation, written.data_root) == ("hfedf", 3, "clients", None)
-    assert project["config"]["fedbed-round-timeout"] == 60.0
+    overridden = {**run_config, **parse_config_args(["fedbed.rounds=40 fedbed.hp.server_lr=0.05"])}
+    changed = ExperimentConfig.model_validate_json(config_json_from_run_config(overridden))
+    assert (changed.rounds, changed.hp) == (40, {"server_lr": 0.05}) and changed.algorithm == "hfedf"
     config.write_text("algorithm: fedfoo\n")
     bad = runner.invoke(app, ["flower-app", str(tmp_path / "other"), "--config", str(config)])
     assert bad.exit_code == 2 and "unknown algorithm 'fedfoo'" in bad.output and not (tmp_path / "other").exists()

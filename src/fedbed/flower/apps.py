@@ -16,7 +16,7 @@ keeps its persistent client state (SCAFFOLD's control variate, FedSR's priors, .
 metrics (:mod:`fedbed.flower.records`).
 
 The experiment config reaches the apps as JSON: through a closure for the simulation engine
-(:func:`make_apps`), through the run config key ``fedbed-config`` for ``flwr run``
+(:func:`make_apps`), through the run config keys ``fedbed.<setting>`` for ``flwr run``
 (the module-level ``server_app`` and ``client_app``).
 """
 
@@ -33,15 +33,17 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedbed.build import BuiltRun, build_run
-from fedbed.config import ExperimentConfig
+from fedbed.config import ExperimentConfig, config_from_mapping
 from fedbed.experiment import execute_run
 from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.transport import ClientTransport, fit_client
 from fedbed.flower.common import FlowerError
 from fedbed.flower.records import payload_from_records, payload_to_records, reply_from_records, reply_to_records
 
-CONFIG_KEY = "fedbed-config"
-"""Run-config key holding the experiment config as JSON (``flwr run``)."""
+SETTING_PREFIX = "fedbed."
+"""Prefix of the run-config keys holding the experiment's settings, one key per setting
+(``fedbed.rounds``, ``fedbed.hp.mu``: nested settings as dotted keys, as Flower flattens TOML
+tables), so ``flwr run --run-config "fedbed.rounds=40"`` overrides one of them."""
 BACKEND_KEY = "fedbed-backend"
 """Run-config key naming the backend in the run's summary."""
 ROUND_TIMEOUT_KEY = "fedbed-round-timeout"
@@ -261,25 +263,63 @@ def make_apps(config: ExperimentConfig, backend: str, outcome: dict[str, Any], p
 
 
 server_app = ServerApp()
-"""The ServerApp for ``flwr run`` (the experiment config in the run config's ``fedbed-config``)."""
+"""The ServerApp for ``flwr run`` (the experiment's settings in the run config's ``fedbed.*`` keys)."""
 client_app = ClientApp()
 """The ClientApp for ``flwr run`` (each SuperNode with ``--node-config "partition-id=K"``)."""
 
 
+def settings_as_run_config(config: ExperimentConfig) -> dict[str, Any]:
+    """The settings of ``config`` as flat run-config entries ``fedbed.<setting>`` (nested mappings
+    as dotted keys, unset settings left out: TOML has no null)."""
+    flat: dict[str, Any] = {}
+
+    def add(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                add(f"{prefix}.{key}", inner)
+        elif value is not None:
+            flat[prefix] = value
+
+    for key, value in config.model_dump(mode="json").items():
+        add(f"{SETTING_PREFIX}{key}", value)
+    return flat
+
+
+def config_json_from_run_config(run_config: dict[str, Any]) -> str:
+    """The experiment config (as JSON, the key of :func:`cached_run`) rebuilt from the run
+    config's ``fedbed.*`` entries (:func:`settings_as_run_config`, with any ``--run-config``
+    override applied), validated.
+
+    Raises:
+        fedbed.config.ConfigError: an invalid setting.
+    """
+    settings: dict[str, Any] = {}
+    for key, value in run_config.items():
+        if not key.startswith(SETTING_PREFIX):
+            continue
+        *parents, leaf = key.removeprefix(SETTING_PREFIX).split(".")
+        target = settings
+        for parent in parents:
+            target = target.setdefault(parent, {})
+        target[leaf] = value
+    return config_from_mapping(settings).model_dump_json()
+
+
 @server_app.main()
 def _deployed_main(grid: Grid, context: Context) -> None:
-    server_main(grid, str(context.run_config[CONFIG_KEY]), str(context.run_config.get(BACKEND_KEY, "flower-deployment")),
+    server_main(grid, config_json_from_run_config(dict(context.run_config)),
+                str(context.run_config.get(BACKEND_KEY, "flower-deployment")),
                 round_timeout=float(context.run_config.get(ROUND_TIMEOUT_KEY, 3600.0)))
 
 
 @client_app.train()
 def _deployed_train(message: Message, context: Context) -> Message:
-    return client_train(message, context, str(context.run_config[CONFIG_KEY]))
+    return client_train(message, context, config_json_from_run_config(dict(context.run_config)))
 
 
 @client_app.evaluate()
 def _deployed_evaluate(message: Message, context: Context) -> Message:
-    return client_evaluate(message, context, str(context.run_config[CONFIG_KEY]))
+    return client_evaluate(message, context, config_json_from_run_config(dict(context.run_config)))
 
 
 client_app.query()(client_query)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from fedbed.config import ExperimentConfig, validate
-from fedbed.flower.apps import BACKEND_KEY, CONFIG_KEY, ROUND_TIMEOUT_KEY, cached_run
+from fedbed.flower.apps import BACKEND_KEY, ROUND_TIMEOUT_KEY, cached_run, settings_as_run_config
 from fedbed.flower.common import OFFLINE_ENVIRONMENT, FlowerError, with_absolute_paths
 from fedbed.run_directory import FLOWER_LOGS, SUMMARY_NAME
 
@@ -79,10 +79,33 @@ def write_certificates(folder: Path) -> dict[str, Path]:
     return paths
 
 
+def toml_key(key: str) -> str:
+    """A dotted run-config key in TOML, each part quoted (setting names are plain; domain names
+    in keys need not be)."""
+    return ".".join(json.dumps(part) for part in key.split("."))
+
+
+def toml_value(value: Any) -> str:
+    """A run-config value in TOML: strings as basic strings, booleans lower-case, numbers as written.
+
+    Raises:
+        TypeError: a value TOML's run config cannot hold (a list or a mapping).
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    raise TypeError(f"a Flower run config holds strings, numbers and booleans, not {type(value).__name__}: {value!r}")
+
+
 def write_app(folder: Path, config: ExperimentConfig, backend: str = "flower-deployment", round_timeout: float = 3600.0) -> Path:
     """A Flower App folder (``pyproject.toml`` only) whose components are FedBed's apps and whose
-    run config carries ``config`` as JSON and the round timeout in seconds (a client silent for
-    that long is dropped from the round); ``flwr run FOLDER`` submits it."""
+    run config carries each setting of ``config`` as its own key (``fedbed.<setting>``,
+    :func:`fedbed.flower.apps.settings_as_run_config`; ``flwr run --run-config`` overrides one),
+    the backend and the round timeout in seconds (a client silent for that long is dropped from
+    the round); ``flwr run FOLDER`` submits it."""
     config = with_absolute_paths(config)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "pyproject.toml").write_text(
@@ -92,8 +115,9 @@ def write_app(folder: Path, config: ExperimentConfig, backend: str = "flower-dep
         "[tool.flwr.app]\npublisher = \"fedbed\"\n\n"
         "[tool.flwr.app.components]\nserverapp = \"fedbed.flower.apps:server_app\"\n"
         "clientapp = \"fedbed.flower.apps:client_app\"\n\n"
-        f"[tool.flwr.app.config]\n{CONFIG_KEY} = {json.dumps(config.model_dump_json())}\n"
-        f"{BACKEND_KEY} = \"{backend}\"\n"
+        "[tool.flwr.app.config]\n"
+        + "".join(f"{toml_key(key)} = {toml_value(value)}\n" for key, value in settings_as_run_config(config).items())
+        + f"{BACKEND_KEY} = \"{backend}\"\n"
         f"{ROUND_TIMEOUT_KEY} = {float(round_timeout)}\n"
     )
     return folder
