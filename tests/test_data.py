@@ -177,3 +177,17 @@ def test_a_source_domain_too_small_for_its_holdout_is_one_clear_error():
     dataset = make_dataset(per_domain=2, domains=3)
     with pytest.raises(DataError, match="has 2 samples: a holdout fraction of 0.2 keeps none of them for validation"):
         split_leave_one_domain_out(dataset, (dataset.domain_names[0],), 0.2, seed=0)
+
+
+def test_a_model_for_another_input_size_reads_the_packed_file_resized(shared_data, tmp_path):
+    from fedbed.build import build_run
+    from fedbed.config import ExperimentConfig
+
+    built = build_run(ExperimentConfig(dataset="PACS", target="photo", model="lenet", data_root=shared_data, rounds=1,
+                                       local_steps=1, run_dir=tmp_path / "run"))
+    assert built.dataset.input_shape == (3, 28, 28) and "pacs_32.npz, resized from 32x32 to 28x28 px" in built.dataset.source
+    assert built.initial_model(torch.zeros(2, 3, 28, 28)).shape == (2, 7)
+    # An image size no packed file has: the nearest larger file, resized.
+    sized = build_run(ExperimentConfig(dataset="PACS", target="photo", model="mnist_cnn", image_size=48,
+                                       data_root=shared_data, rounds=1, local_steps=1, run_dir=tmp_path / "other"))
+    assert sized.dataset.input_shape == (3, 48, 48) and "resized from 64x64 to 48x48" in sized.dataset.source

@@ -38,7 +38,7 @@ from fedbed.federation.faults import FaultyClientTrainer
 from fedbed.federation.linear_probe import LinearProbe
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.transport import ClientTransport
-from fedbed.models import ModelError, build_model
+from fedbed.models import FIXED_INPUT_SIZES, ModelError, build_model
 from fedbed.seeding import derive_seed
 
 
@@ -227,7 +227,11 @@ def build_run(config: ExperimentConfig) -> BuiltRun:
     resolved = validate(config)
     algorithm, spec, hparams = resolved.algorithm, resolved.dataset, resolved.hparams
     try:
-        dataset = load_dataset(spec.path or spec.name, resolved.data_root, config.image_size, config.channels)
+        model_name = config.model or spec.default_model
+        # A model that takes one image side gets it unless the run sets image_size (then the
+        # model says what it takes).
+        image_size = config.image_size or FIXED_INPUT_SIZES.get(model_name)
+        dataset = load_dataset(spec.path or spec.name, resolved.data_root, image_size, config.channels)
         split = split_leave_one_domain_out(dataset, (config.target,), config.holdout_fraction, config.seed)
         partitions = _partitions(config, split, algorithm.pooled)
         ood_indices = split.target
@@ -236,7 +240,6 @@ def build_run(config: ExperimentConfig) -> BuiltRun:
             adaptation_indices, ood_indices = split_target_for_adaptation(split.target, config.adaptation_fraction or 0.5, config.seed)
         if config.few_shot_per_client:
             partitions, ood_indices = add_few_shot_target_samples(split, partitions, config.few_shot_per_client, config.seed)
-        model_name = config.model or spec.default_model
 
         def model_factory():
             base = build_model(model_name, dataset.input_shape, dataset.num_classes, config.pretrained_weights,

@@ -80,6 +80,25 @@ class DomainDataset:
     def __len__(self) -> int:
         return int(self.images.shape[0])
 
+    def resized(self, size: int) -> "DomainDataset":
+        """This dataset with its images resized to ``size`` x ``size`` pixels
+        (``torchvision.transforms.v2.functional.resize``, bilinear, antialiased: a packed 32- or
+        64-px copy serves a model built for another input size), its source saying so.
+
+        Raises:
+            DataError: ``size`` < 1.
+        """
+        if size < 1:
+            raise DataError(f"an image size must be positive, got {size}")
+        if self.images.shape[-2:] == (size, size):
+            return self
+        from torchvision.transforms.v2 import functional
+
+        images = functional.resize(self.images, [size, size], antialias=True)
+        side = self.images.shape[-1]
+        return DomainDataset(self.name, images.contiguous(), self.labels, self.domains, self.class_names, self.domain_names,
+                             f"{self.source}, resized from {side}x{side} to {size}x{size} px (bilinear, antialiased)")
+
     @cached_property
     def fingerprint(self) -> str:
         """16 hex digits of SHA-256 over the images, labels and domain ids as loaded (and the

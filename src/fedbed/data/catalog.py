@@ -251,9 +251,14 @@ def _read_dataset(spec: DatasetSpec, data_root: Path | None, image_size: int | N
                             f"domains {', '.join(spec.domain_names)}")
         return dataset
     if spec.name in MNIST_DATASETS:
-        if image_size not in (None, 28):
-            raise DataError(f"{spec.name} images are 28x28; got image size {image_size}")
-        return MNIST_DATASETS[spec.name](data_root)
+        return MNIST_DATASETS[spec.name](data_root).resized(size)
+    if data_root is not None and not spec.packed_path(data_root, size).exists():
+        # Another packed size serves by resizing: the smallest larger one, else the largest.
+        sizes = sorted(int(path.stem.rpartition("_")[2]) for path in (data_root / spec.packed_key).glob(f"{spec.packed_key}_*.npz")
+                       if path.stem.rpartition("_")[2].isdigit())
+        if sizes:
+            nearest = next((s for s in sizes if s >= size), sizes[-1])
+            return _read_dataset(spec, data_root, nearest).resized(size)
     if data_root is not None and spec.packed_path(data_root, size).exists():
         dataset = load_packed(spec.packed_path(data_root, size), spec.name)
         if dataset.domain_names != spec.domain_names:

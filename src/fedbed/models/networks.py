@@ -193,6 +193,10 @@ class ModelError(ValueError):
 
 MODELS = ("mnist_cnn", "lenet", "hfedf_cnn", "resnet18", "resnet50", "resnet18_cifar")
 
+FIXED_INPUT_SIZES = {"lenet": 28, "hfedf_cnn": 32, "resnet18_cifar": 32}
+"""Models that take one image side only (pixels); a run that sets no ``image_size`` resizes its
+images to it (LeNet on PACS reads the packed 32-px file resized to 28 px)."""
+
 
 def build_model(
     name: str,
