@@ -120,7 +120,7 @@ def assert_same_run(expected_dir, actual_dir, eval_size: int):
 @pytest.mark.parametrize("algorithm, backends", [("mcgdm", ("flower-sim", "flower-deployment")),
                                                  ("hfedf", ("flower-deployment",)),
                                                  ("fedadg", ("flower-sim",))])
-def test_same_results_in_process_and_on_flower(tmp_path, algorithm, backends, no_orphans, monkeypatch):
+def test_same_results_in_process_and_on_flower(tmp_path, algorithm, backends, no_orphans, monkeypatch, capfd):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -141,6 +141,9 @@ def test_same_results_in_process_and_on_flower(tmp_path, algorithm, backends, no
                                                                    echo=lambda *_: None, work_dir=tmp_path / "flower")
     finally:
         torch.set_num_threads(threads)
+    # No warning the user cannot act on: Flower's run_simulation deprecation notice, Ray's FutureWarning.
+    printed = "".join(capfd.readouterr())
+    assert "DEPRECATED FEATURE" not in printed and "FutureWarning" not in printed
     assert sorted(summaries) == sorted(backends) and all(s["backend"] == b for b, s in summaries.items())
     eval_size = len(build_run(run(tmp_path / "x")).split.target)
     for backend in backends:

@@ -19,8 +19,12 @@ OFFLINE_ENVIRONMENT = {
     "FLWR_DISABLE_UPDATE_CHECK": "1",
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
     "RAY_DEDUP_LOGS": "0",
+    # Ray's FutureWarning about overriding CUDA_VISIBLE_DEVICES when no GPU is requested: FedBed
+    # requests none, and this setting is the one Ray's message names to turn it off.
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
 }
-"""Environment for every Flower process: no telemetry, no update check, no installs at run time."""
+"""Environment for every Flower process: no telemetry, no update check, no installs at run time,
+no warning a FedBed user cannot act on."""
 
 
 def with_absolute_paths(config: ExperimentConfig) -> ExperimentConfig:

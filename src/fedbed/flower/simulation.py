@@ -3,11 +3,19 @@ per client, the same ServerApp and ClientApp as a real deployment (:mod:`fedbed.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Callable
 
 from fedbed.config import ExperimentConfig, validate
 from fedbed.flower.common import OFFLINE_ENVIRONMENT, FlowerError, with_absolute_paths
+
+
+def _run_simulation_notice(record: logging.LogRecord) -> bool:
+    """A logging filter dropping Flower 1.41's notice that ``run_simulation`` is deprecated in
+    favour of ``flwr run``: FedBed calls it in-process on purpose (one process, the apps built
+    from a closure), and ``fedbed run --backend flower-deployment`` is its ``flwr run`` path."""
+    return "`run_simulation` function is deprecated" not in record.getMessage()
 
 
 def run_flower_simulation(config: ExperimentConfig, *, progress: bool = False, echo: Callable[..., Any] = print,
@@ -40,10 +48,14 @@ def run_flower_simulation(config: ExperimentConfig, *, progress: bool = False, e
         "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
         "init_args": {"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False, "log_to_driver": False},
     }
+    flower_log = logging.getLogger("flwr")
+    flower_log.addFilter(_run_simulation_notice)
     try:
         run_simulation(server_app=server, client_app=client, num_supernodes=num_clients, backend_config=backend_config)
     except Exception as error:  # Flower re-raises the ServerApp's exception; keep its message
         raise FlowerError(f"the Flower simulation failed: {error}") from error
+    finally:
+        flower_log.removeFilter(_run_simulation_notice)
     if "summary" not in outcome:
         raise FlowerError("the Flower simulation ended without a result; see Flower's log above")
     return outcome["summary"]
