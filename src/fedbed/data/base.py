@@ -212,8 +212,7 @@ def join_domains(name: str, parts: list[tuple[torch.Tensor, torch.Tensor]], clas
     domain, in the order of ``domain_names`` (all parts of one ``C, H, W``).
 
     Raises:
-        DataError: as :class:`DomainDataset` (labels outside ``class_names``); a
-            ``RuntimeError`` of ``torch.cat`` if the parts differ in shape (a programming error).
+        DataError: as :class:`DomainDataset` (e.g. labels outside ``class_names``).
     """
     return DomainDataset(
         name=name,

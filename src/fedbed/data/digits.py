@@ -2,13 +2,18 @@
 Multi-Source Domain Adaptation"; the FedDA benchmark of KD3A and MCGDM), each read from its own
 common distribution files under the data root.
 
-| domain | files under the data root (train, then test) | format |
-|---|---|---|
-| ``mnist`` | the MNIST sources of RotatedMNIST (:func:`fedbed.data.mnist.read_mnist_files`) | grey 28x28 |
-| ``mnist_m`` | ``mnist_m/mnist_m_{train,test}/*.png`` and ``mnist_m/mnist_m_{train,test}_labels.txt`` | RGB 28x28 PNGs; lines ``<file> <label>`` (Ganin & Lempitsky's release) |
-| ``usps`` | ``usps/usps.bz2``, ``usps/usps.t.bz2`` | LIBSVM's copy: libsvm text, labels 1..10 for digits 0..9, 256 features in [-1, 1] (16x16 pixels) |
-| ``svhn`` | ``svhn/train_32x32.mat``, ``svhn/test_32x32.mat`` | SVHN's format 2: ``X`` uint8 [32, 32, 3, N], ``y`` [N, 1], 10 for digit 0 |
-| ``syn`` | ``syn/synth_train_32x32.mat``, ``syn/synth_test_32x32.mat`` | SynthDigits (Ganin & Lempitsky's synthetic digits), SVHN's keys and labels |
+Domains and the files read under the data root (train, then test):
+
+- ``mnist``: the MNIST sources of RotatedMNIST (:func:`fedbed.data.mnist.read_mnist_files`),
+  grey 28x28.
+- ``mnist_m``: ``mnist_m/mnist_m_{train,test}/*.png`` with ``mnist_m/mnist_m_{train,test}_labels.txt``
+  (Ganin & Lempitsky's release: RGB 28x28 PNGs, lines ``<file> <label>``).
+- ``usps``: ``usps/usps.bz2``, ``usps/usps.t.bz2`` (LIBSVM's copy: bz2 libsvm text, labels 1..10
+  for digits 0..9, 256 features in [-1, 1], the 16x16 pixels row by row).
+- ``svhn``: ``svhn/train_32x32.mat``, ``svhn/test_32x32.mat`` (SVHN's format 2: ``X`` uint8
+  [32, 32, 3, N], ``y`` [N, 1], 10 for digit 0).
+- ``syn``: ``syn/synth_train_32x32.mat``, ``syn/synth_test_32x32.mat`` (SynthDigits, Ganin &
+  Lempitsky's synthetic digits, in SVHN's format).
 
 The dataset is made of the domains found: any two or more of the five (a run on three is valid);
 :func:`survey_digits` says which are found and which missing, and the run's data line repeats it.
@@ -17,7 +22,7 @@ the ``mnist`` domain is missing (a sample of another size would silently change 
 
 Per domain, at most the first :data:`DIGIT5_SIZES` images of the train and of the test file are
 taken, in file order: Digit-5's 25,000 train and 9,000 test images per domain (USPS, smaller,
-whole), which keeps the dataset at about 145,000 images instead of 740,000 (SynthDigits alone has
+whole; M3SDA draws them, the first ones need no sampling seed), which keeps the dataset at about 145,000 images instead of 740,000 (SynthDigits alone has
 about 480,000). Train and test are then joined, as FedBed splits each domain itself. Every domain
 is resized to the run's ``image_size`` (:meth:`DomainDataset.resized`, bilinear, antialiased) and
 turned into 3 channels (:meth:`DomainDataset.with_channels`: grey repeated).
