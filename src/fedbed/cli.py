@@ -93,7 +93,7 @@ def run(
     With no arguments: FedAvg on RotatedMNIST (embedded MNIST sample unless a data root is
     set), target domain 0 degrees, LeNet, 15 rounds of 2 local epochs (under 90 s on 2 cores).
     """
-    from fedbed.data import dataset_spec
+    from fedbed.data import dataset_spec, resolve_data_root, with_found_domains
     from fedbed.data.base import DataError
     from fedbed.backends import BACKENDS, TransportError, run_on_backend
     from fedbed.config import ConfigError, config_from_mapping, load_config_file, override_settings, validate
@@ -129,7 +129,8 @@ def run(
             values["hp"] = {**values.get("hp", {}), **parse_hp(hp)}
         targets = [values.get("target")]
         if str(targets[0]).lower() == "all":
-            targets = list(dataset_spec(values.get("dataset", "RotatedMNIST")).domain_names)
+            spec = dataset_spec(values.get("dataset", "RotatedMNIST"))
+            targets = list(with_found_domains(spec, resolve_data_root(values.get("data_root"))).domain_names)
             if "run_dir" in values:
                 fail("--target all writes one run directory per target; drop --run-dir")
         configs = [config_from_mapping({**values, "target": t}) for t in targets]
@@ -184,7 +185,7 @@ def datasets(
     data_root: Annotated[Optional[Path], typer.Option(help="Dataset folder (default: $FEDBED_DATA).")] = None,
 ) -> None:
     """List the datasets FedBed knows (and those at PATHS), their domains, and where each was found."""
-    from fedbed.data import dataset_spec, known_datasets, resolve_data_root
+    from fedbed.data import dataset_spec, known_datasets, resolve_data_root, with_found_domains
     from fedbed.data.base import DataError
     from fedbed.data.catalog import locate
 
@@ -196,6 +197,10 @@ def datasets(
     typer.echo(f"data root: {root if root is not None else '(none: set --data-root or $FEDBED_DATA)'}")
     for spec in specs:
         where = locate(spec, root) or "not found"
+        try:
+            spec = with_found_domains(spec, root)  # Digits lists the domains found
+        except DataError:
+            pass
         typer.echo(f"{spec.name:15s} domains: {', '.join(spec.domain_names)}\n{'':15s} found: {where}")
 
 
@@ -237,13 +242,14 @@ def algorithms(
 @data_app.command("prepare")
 def prepare(
     name: Annotated[str, typer.Argument(
-        help="Image dataset in DomainBed's folder layout, e.g. PACS, or the path of your folder <domain>/<class>/<image>.")],
+        help="Image dataset in DomainBed's folder layout, e.g. PACS, Camelyon17 (WILDS' layout), or the path of your "
+             "folder <domain>/<class>/<image>.")],
     size: Annotated[int, typer.Option(help="Side in pixels after resizing.")] = 32,
     data_root: Annotated[Optional[Path], typer.Option(help="Folder holding <Name>/<domain>/<class>/<image>.")] = None,
     output_root: Annotated[Optional[Path], typer.Option(
         help="Where to write <name>/<name>_<size>.npz (default: the data root; for a path, the folder itself).")] = None,
 ) -> None:
-    """Decode and resize a DomainBed folder tree once into the packed .npz layout runs read."""
+    """Decode and resize a DomainBed folder tree (Camelyon17: WILDS' layout) once into the packed .npz layout runs read."""
     from fedbed.data import prepare_dataset, resolve_data_root
     from fedbed.data.base import DataError
 

@@ -23,7 +23,7 @@ from fedbed.algorithms.robust_aggregation import (
     ROBUST_RULES,
     check_robust_aggregation,
 )
-from fedbed.data import DataError, dataset_spec, resolve_data_root
+from fedbed.data import DataError, dataset_spec, resolve_data_root, with_found_domains
 from fedbed.data.augmentation import AUGMENTATIONS
 from fedbed.data.catalog import DatasetSpec, known_datasets
 from fedbed.data.path_datasets import display_name
@@ -358,6 +358,8 @@ def validate(config: ExperimentConfig) -> ResolvedNames:
     """
     try:
         spec = dataset_spec(config.dataset)
+        data_root = resolve_data_root(config.data_root)
+        spec = with_found_domains(spec, data_root)  # Digits: the domains under the data root
         if config.target is None:
             raise ConfigError(f"{spec.name} has no default target domain; give one (--target or target:) of "
                               f"{', '.join(spec.domain_names)}")
@@ -368,7 +370,6 @@ def validate(config: ExperimentConfig) -> ResolvedNames:
         algorithm = get_algorithm(config.algorithm)
         # A paper's per-dataset values apply to the dataset it names, not to a folder that happens to share its name.
         hparams = resolve_hyperparameters(algorithm, config.hp, spec.name if spec.path is None else None)
-        data_root = resolve_data_root(config.data_root)
     except (DataError, AlgorithmError) as error:
         raise ConfigError(str(error)) from None
     if config.model is not None and config.model not in MODELS:

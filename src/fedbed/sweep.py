@@ -41,7 +41,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from tqdm import tqdm
 
-from fedbed.data import dataset_spec
+from fedbed.data import dataset_spec, resolve_data_root, with_found_domains
 from fedbed.config import PLACEMENT_SETTINGS, ConfigError, ExperimentConfig, config_from_mapping, override_settings, validate
 from fedbed.experiment import run_experiment
 from fedbed.provenance import run_sources, source_fingerprint
@@ -147,6 +147,8 @@ def expand(spec: SweepSpec, sweep_dir: Path) -> list[ExperimentConfig]:
     """
     try:
         dataset = dataset_spec(spec.base.get("dataset", "RotatedMNIST"))
+        if spec.targets == "all":
+            dataset = with_found_domains(dataset, resolve_data_root(spec.base.get("data_root")))
     except ValueError as error:
         raise ConfigError(str(error)) from None
     targets = list(dataset.domain_names) if spec.targets == "all" else list(spec.targets)

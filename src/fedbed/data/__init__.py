@@ -10,6 +10,7 @@ from fedbed.data.catalog import (
     prepare_dataset,
     register_dataset,
     resolve_data_root,
+    with_found_domains,
 )
 from fedbed.data.splits import (
     ClientPartition,
@@ -44,4 +45,5 @@ __all__ = [
     "resolve_data_root",
     "split_leave_one_domain_out",
     "split_target_for_adaptation",
+    "with_found_domains",
 ]

@@ -206,8 +206,35 @@ class DomainDataset:
                                    source=f"{self.source}, as {channels} channel(s)")
 
 
+def join_domains(name: str, parts: list[tuple[torch.Tensor, torch.Tensor]], class_names: tuple[str, ...],
+                 domain_names: tuple[str, ...], source: str) -> DomainDataset:
+    """One :class:`DomainDataset` from one ``(images uint8 [n, C, H, W], labels int64 [n])`` per
+    domain, in the order of ``domain_names`` (all parts of one ``C, H, W``).
+
+    Raises:
+        DataError: as :class:`DomainDataset` (e.g. labels outside ``class_names``).
+    """
+    return DomainDataset(
+        name=name,
+        images=torch.cat([images for images, _ in parts]).contiguous(),
+        labels=torch.cat([labels for _, labels in parts]),
+        domains=torch.cat([torch.full((len(labels),), d, dtype=torch.int64) for d, (_, labels) in enumerate(parts)]),
+        class_names=class_names,
+        domain_names=domain_names,
+        source=source,
+    )
+
+
 DatasetLoader = Callable[[Path | None, int], DomainDataset]
-"""A registered dataset's loader: ``loader(data_root, image_size) -> DomainDataset``."""
+"""A dataset's loader: ``loader(data_root, image_size) -> DomainDataset``."""
+
+FolderReader = Callable[[Path, str, int, tuple[str, ...]], DomainDataset]
+"""Reads a dataset's own layout in its folder: ``reader(folder, name, image_size, domain_names)``."""
+
+DomainSurvey = Callable[[Path | None], tuple[dict[str, str], dict[str, str]]]
+"""``survey(data_root) -> (found, missing)``: for a dataset made of the domains present under the
+data root, ``{domain: the files it is read from}`` of the domains found and ``{domain: the files
+it would be read from}`` of the others, both in the dataset's domain order."""
 
 
 @dataclass(frozen=True)
@@ -224,9 +251,18 @@ class DatasetSpec:
         default_model: model name (``fedbed.models``) used when the user gives none.
         default_target: the target domain of a run that names none; ``None`` where the dataset
             has no natural default (the run must name one).
-        loader: for a registered dataset (:func:`fedbed.data.register_dataset`), the function
-            that reads it; ``None`` for the built-in ones.
+        loader: the function that reads it, for a registered dataset
+            (:func:`fedbed.data.register_dataset`) and a built-in one read from several
+            distributions' files (Digits); ``None`` for the others.
         path: for a dataset given as a path, the path as typed; ``None`` otherwise.
+        folder_reader: reads the dataset's own layout in the folder found under
+            ``folder_names`` (Camelyon17: WILDS' metadata and patches); ``None``: DomainBed's
+            folder tree (:func:`fedbed.data.images.load_image_folders`).
+        layout: what the folder under ``folder_names`` holds, as error messages name it.
+        survey: for a dataset made of the domains found under the data root (Digits), what is
+            found and missing (:data:`DomainSurvey`); ``domain_names`` then lists every domain
+            it may have, and :func:`fedbed.data.catalog.with_found_domains` narrows them to
+            those found. ``None``: every domain is always there.
     """
 
     name: str
@@ -237,6 +273,9 @@ class DatasetSpec:
     default_target: str | None = None
     loader: DatasetLoader | None = None
     path: str | None = None
+    folder_reader: FolderReader | None = None
+    layout: str = "<domain>/<class>/<image>"
+    survey: DomainSurvey | None = None
 
     def domain_named(self, name: str) -> str | None:
         """The domain whose name equals ``name`` ignoring case, in its canonical spelling, or ``None``."""

