@@ -189,8 +189,12 @@ def test_a_run_with_other_settings_is_never_replaced_without_overwrite(tmp_path)
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
     assert "holds a run with other settings (seed: 0 there, 3 here); choose another --run-dir, or pass --overwrite" in result.output
     assert (run_dir / "summary.json").read_text() == finished
-    same = runner.invoke(app, base)  # the same settings again: the run is redone in place, and said so
-    assert same.exit_code == 0 and "replacing the earlier run with the same settings" in same.output
+    same = runner.invoke(app, base)  # the same settings again: a finished run is not redone silently either
+    assert same.exit_code == 2 and "holds a finished run with these settings; pass --overwrite" in same.output
+    assert (run_dir / "summary.json").read_text() == finished
+    (run_dir / "summary.json").unlink()  # an unfinished run with the same settings is redone in place, and said so
+    redone = runner.invoke(app, base)
+    assert redone.exit_code == 0 and "replacing the unfinished earlier run with the same settings" in redone.output
     assert runner.invoke(app, [*base, "--seed", "3", "--overwrite"]).exit_code == 0
     assert json.loads((run_dir / "summary.json").read_text())["seed"] == 3
 

@@ -86,8 +86,9 @@ def test_prepare_a_path_then_read_the_prepared_folder_and_the_file(tmp_path):
     assert dataset_spec(str(tree / "scans_8.npz")).name == "scans" and dataset_spec(str(out / "scans")).default_image_size == 8
     listed = run_cli(["datasets", str(out / "scans")])
     assert listed.exit_code == 0 and "scans           domains: a, b" in listed.output and "scans_8.npz" in listed.output
-    with pytest.raises(DataError, match=r"holds 8x8 images, but the run asks for image_size 16"):
-        load_dataset(str(tree / "scans_8.npz"), None, 16)
+    resized = load_dataset(str(tree / "scans_8.npz"), None, 16)  # a model for another side reads it resized
+    assert resized.input_shape[1:] == (16, 16) and "resized from 8x8 to 16x16" in resized.source
+    assert load_dataset(str(out / "scans"), None, 16).input_shape[1:] == (16, 16)
 
 
 def test_grey_packed_file_and_channel_conversion(tmp_path):

@@ -107,3 +107,12 @@ def test_fedbed_algorithms_says_which_methods_average():
     assert "secure-aggregation compatible" in server_of["fedavg"]
     for name in ("ppdg", "pcgrad", "hfedf", "fedgala", "fedavg_global_alignment"):
         assert "not compatible with secure aggregation" in server_of[name], name
+
+
+def test_noise_never_leaves_a_negative_batchnorm_variance():
+    current = {"bn.running_var": torch.full((500,), 0.01), "bn.weight": torch.ones(500)}
+    arrays = [{name: tensor.clone() for name, tensor in current.items()} for _ in range(3)]
+    privacy = FixedClippingPrivacy(DifferentialPrivacy(clipping_norm=1.0, noise_multiplier=1.0), 1.0)
+    state, _ = privacy.aggregate(ClientModels(current, [0, 1, 2], arrays, [1, 1, 1], 1, torch.Generator().manual_seed(0)))
+    assert float(state["bn.running_var"].min()) == 0.0  # noise of std 1/3 pushed some below 0: clamped
+    assert float(state["bn.weight"].min()) < 0.5  # the other arrays keep their noise

@@ -92,3 +92,16 @@ def test_median_resists_a_byzantine_client_where_fedavg_does_not(tmp_path):
     robust = id_accuracy("median", attack="sign_flip_scale10", robust_aggregation="median")
     assert attacked < honest - 15  # the attack works on the plain average
     assert robust > attacked + 15 and abs(robust - honest) < 8  # the median stays with the honest model
+
+
+def test_a_round_with_too_few_replies_for_the_rule_keeps_the_model_and_the_run_goes_on(tmp_path):
+    import json
+
+    # Krum with one Byzantine client needs K > 2f + 2 = 4 replies; an attacking client whose fit
+    # raises leaves 4 of 5 replies each round.
+    config = ExperimentConfig(rounds=2, local_steps=1, robust_aggregation="krum", byzantine_clients=1,
+                              attack="exception", attacking_clients=1, run_dir=tmp_path / "run")
+    run_experiment(config, progress=False, echo=lambda *_: None)
+    rounds = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert all("the aggregation cannot use this round's replies (4 replies" in r["kept_previous_model"] for r in rounds)

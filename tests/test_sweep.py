@@ -263,3 +263,21 @@ def test_run_experiment_returns_the_run_as_data(tmp_path):
                             echo=lambda *_: None)
     assert result.config["rounds"] == 2 and result["rounds"] == 2 and sorted(result.history["round"].unique()) == [1, 2]
     assert result.run_dir == tmp_path / "run"
+
+
+def test_a_run_begun_on_other_data_is_not_resumed_on_this(tmp_path):
+    import numpy as np
+
+    from fedbed.config import ConfigError
+    from fedbed.experiment import ExperimentConfig, run_experiment
+
+    quiet = dict(progress=False, echo=lambda *_: None)
+    run_experiment(ExperimentConfig(rounds=1, local_steps=1, run_dir=tmp_path / "run"), **quiet)  # the embedded sample
+    root = tmp_path / "data"
+    (root / "mnist").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    np.savez(root / "mnist" / "mnist.npz", train_images=rng.integers(0, 255, (120, 28, 28), dtype=np.uint8),
+             train_labels=np.arange(120) % 10, test_images=rng.integers(0, 255, (60, 28, 28), dtype=np.uint8),
+             test_labels=np.arange(60) % 10)
+    with pytest.raises(ConfigError, match="it ran on other data"):
+        run_experiment(ExperimentConfig(rounds=2, local_steps=1, data_root=root, run_dir=tmp_path / "run"), resume=True, **quiet)

@@ -32,6 +32,7 @@ from fedbed.data import (
     split_target_for_adaptation,
 )
 from fedbed.data.augmentation import Augmentation
+from fedbed.data.base import DatasetSpec
 from fedbed.federation.client_evaluation import ClientEvaluator, holdout_shares
 from fedbed.federation.engine import DEFAULT_UPDATE_NORM_FACTOR, Federation, client_infos, clients_per_round
 from fedbed.federation.faults import FaultyClientTrainer
@@ -218,6 +219,12 @@ class BuiltRun:
         return federation
 
 
+def image_size_of(config: ExperimentConfig, spec: DatasetSpec) -> int | None:
+    """The image side a run reads: its ``image_size``, else the one its model takes
+    (:data:`fedbed.models.FIXED_INPUT_SIZES`), else ``None`` (the dataset's default)."""
+    return config.image_size or FIXED_INPUT_SIZES.get(config.model or spec.default_model)
+
+
 def build_run(config: ExperimentConfig) -> BuiltRun:
     """Validate ``config``, load the data, split, partition and build the initial model.
 
@@ -228,10 +235,7 @@ def build_run(config: ExperimentConfig) -> BuiltRun:
     algorithm, spec, hparams = resolved.algorithm, resolved.dataset, resolved.hparams
     try:
         model_name = config.model or spec.default_model
-        # A model that takes one image side gets it unless the run sets image_size (then the
-        # model says what it takes).
-        image_size = config.image_size or FIXED_INPUT_SIZES.get(model_name)
-        dataset = load_dataset(spec.path or spec.name, resolved.data_root, image_size, config.channels)
+        dataset = load_dataset(spec.path or spec.name, resolved.data_root, image_size_of(config, spec), config.channels)
         split = split_leave_one_domain_out(dataset, (config.target,), config.holdout_fraction, config.seed)
         partitions = _partitions(config, split, algorithm.pooled)
         ood_indices = split.target

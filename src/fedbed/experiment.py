@@ -73,15 +73,16 @@ def check_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool) -> None
     """Whether a run with settings ``resolved`` may use ``run_dir``, checked before anything
     is written or started.
 
-    Without ``resume``: an empty or absent folder, or one holding an earlier run with the same
-    settings (except :data:`PLACEMENT_SETTINGS`), which the run replaces. With ``resume``: a
+    Without ``resume``: an empty or absent folder, or one holding an unfinished earlier run with
+    the same settings (except :data:`PLACEMENT_SETTINGS`), which the run replaces; a finished run
+    (its summary written) is never replaced. With ``resume``: a
     folder holding a checkpoint of a run whose settings equal ``resolved`` except for
     :data:`RESUMABLE_CHANGES`.
 
     Raises:
-        ConfigError: a non-empty folder that is not a run, an earlier run with other settings
-            (it is never replaced silently: :func:`remove_run` it first, ``--overwrite``), or a
-            resumption that cannot continue.
+        ConfigError: a non-empty folder that is not a run, a finished run or an earlier run
+            with other settings (never replaced silently: :func:`remove_run` it first,
+            ``--overwrite``), or a resumption that cannot continue.
     """
     if resume:
         if not (run_dir / CHECKPOINT_NAME).exists():
@@ -100,6 +101,9 @@ def check_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool) -> None
         if changed:
             raise ConfigError(f"{run_dir} holds a run with other settings ({'; '.join(changed)}); choose another "
                               "--run-dir, or pass --overwrite to replace it")
+        if (run_dir / SUMMARY_NAME).exists():
+            raise ConfigError(f"{run_dir} holds a finished run with these settings; pass --overwrite to run it again, "
+                              "--resume to continue it to more rounds, or choose another --run-dir")
 
 
 def holds_a_run(run_dir: Path) -> bool:
@@ -121,15 +125,15 @@ def remove_run(run_dir: Path) -> None:
 
 
 def prepare_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool, echo) -> None:
-    """Check the run directory (:func:`check_run_dir`) and create it: an earlier run with the
-    same settings is replaced (and the replacement said), a resumed one kept.
+    """Check the run directory (:func:`check_run_dir`) and create it: an unfinished earlier run
+    with the same settings is replaced (and the replacement said), a resumed one kept.
 
     Raises:
         ConfigError: see :func:`check_run_dir`.
     """
     check_run_dir(run_dir, resolved, resume)
     if not resume and run_dir.exists() and any(run_dir.iterdir()):
-        echo(f"replacing the earlier run with the same settings in {run_dir} (use --resume to continue it)")
+        echo(f"replacing the unfinished earlier run with the same settings in {run_dir} (use --resume to continue it)")
         remove_run(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -189,6 +193,10 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
     run_dir = config.resolved_run_dir()
     resolved = recorded_settings(config, built.model_name, built.hparams)
     prepare_run_dir(run_dir, resolved, resume, echo)
+    began_on = [start["data_fingerprint"] for start in read_starts(run_dir) if "data_fingerprint" in start] if resume else []
+    if began_on and began_on[-1] != dataset.fingerprint:
+        raise ConfigError(f"cannot resume {run_dir}: it ran on other data (fingerprint {began_on[-1]}) than this "
+                          f"resumption reads ({dataset.source}, fingerprint {dataset.fingerprint}); give the data root it used")
     (run_dir / CONFIG_NAME).write_text(yaml.safe_dump(resolved, sort_keys=False))
     echo(
         f"{built.algorithm.name} on {dataset.name}, target {config.target}: {len(partitions)} client(s) "
@@ -199,7 +207,7 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
     def note_start(completed_rounds: int) -> None:
         # A resumption with no round left to run trains nothing: no new start is recorded.
         done = completed_rounds >= config.rounds
-        starts.extend(read_starts(run_dir) if done else record_start(run_dir, completed_rounds))
+        starts.extend(read_starts(run_dir) if done else record_start(run_dir, completed_rounds, dataset.fingerprint))
 
     began = time.perf_counter()
     evaluations = run_rounds(

@@ -58,7 +58,7 @@ def current_provenance() -> dict[str, Any]:
     }
 
 
-def record_start(run_dir: Path, completed_rounds: int) -> list[dict[str, Any]]:
+def record_start(run_dir: Path, completed_rounds: int, data_fingerprint: str | None = None) -> list[dict[str, Any]]:
     """Append this start of the run to ``run_dir/provenance.jsonl`` and return every start
     recorded so far, oldest first.
 
@@ -68,6 +68,7 @@ def record_start(run_dir: Path, completed_rounds: int) -> list[dict[str, Any]]:
             also clears the record of an earlier run in the folder; the checkpoint's round for a
             resumed one). A resumed run without a record (begun before starts were recorded)
             gets a first start from round 0 whose source is :data:`UNRECORDED`.
+        data_fingerprint: the data this start reads (:attr:`fedbed.data.DomainDataset.fingerprint`).
     """
     path = run_dir / PROVENANCE_NAME
     if completed_rounds == 0:
@@ -75,7 +76,8 @@ def record_start(run_dir: Path, completed_rounds: int) -> list[dict[str, Any]]:
     elif not path.exists():
         path.write_text(json.dumps({"after_round": 0, "source": UNRECORDED}) + "\n")
     with path.open("a") as log:
-        log.write(json.dumps({"after_round": completed_rounds, **current_provenance()}) + "\n")
+        data = {"data_fingerprint": data_fingerprint} if data_fingerprint is not None else {}
+        log.write(json.dumps({"after_round": completed_rounds, **current_provenance(), **data}) + "\n")
     return read_starts(run_dir)
 
 

@@ -190,6 +190,7 @@ def finished_on_other_data(jobs: list[ExperimentConfig]) -> list[str]:
         ConfigError: the data a finished job's settings name cannot be found now.
     """
     from fedbed.data import DataError, load_dataset, resolve_data_root
+    from fedbed.build import image_size_of
     from fedbed.data.base import portable_source
 
     lines = []
@@ -197,7 +198,8 @@ def finished_on_other_data(jobs: list[ExperimentConfig]) -> list[str]:
         if not (job.run_dir / DONE_MARKER).exists():
             continue
         try:
-            dataset = load_dataset(job.dataset, resolve_data_root(job.data_root), job.image_size, job.channels)
+            dataset = load_dataset(job.dataset, resolve_data_root(job.data_root), image_size_of(job, dataset_spec(job.dataset)),
+                                   job.channels)
         except DataError as error:
             raise ConfigError(str(error)) from None
         summary = json.loads((job.run_dir / SUMMARY_NAME).read_text())

@@ -119,6 +119,9 @@ class FixedClippingPrivacy(ModelAggregation):
         noise = torch.randn(start.shape, generator=models.generator, dtype=torch.float64) * noise_std
         state = {name: tensor.detach().clone() for name, tensor in current.items()}
         state.update(unflatten(start + clipped.mean(dim=0) + noise, current, keys))
+        for name in state:  # post-processing (no privacy cost): a variance the noise made negative
+            if name.endswith("running_var"):  # would make BatchNorm output NaN
+                state[name] = state[name].clamp(min=0.0)
         telemetry = {
             "weights": {str(c): 1.0 / len(clients) for c in clients},
             "privacy": {

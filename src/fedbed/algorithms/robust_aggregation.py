@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from fedbed.algorithms.model_aggregation import ClientModels, ModelAggregation
+from fedbed.federation.strategy import TooFewReplies
 
 ROBUST_RULES = ("median", "trimmed_mean", "krum", "multi_krum")
 """The robust aggregation rules (see the module docstring)."""
@@ -84,14 +85,18 @@ class RobustAggregation(ModelAggregation):
             names Krum's chosen client (``None`` for the other rules, which mix coordinates).
 
         Raises:
-            ValueError: as :func:`check_robust_aggregation` for the round's number of replies.
+            fedbed.federation.strategy.TooFewReplies: fewer replies than the rule needs
+                (:func:`check_robust_aggregation`); the engine keeps the previous model.
         """
         # Imported here, not at the top: an in-process run without robust aggregation must not
         # import Flower (docs/architecture.md; tests/test_architecture.py).
         from flwr.server.strategy.aggregate import aggregate_krum, aggregate_median, aggregate_trimmed_avg
 
         current, clients = models.current, models.clients
-        check_robust_aggregation(self.rule, len(models.arrays), self.trimmed_fraction, self.byzantine_clients)
+        try:
+            check_robust_aggregation(self.rule, len(models.arrays), self.trimmed_fraction, self.byzantine_clients)
+        except ValueError as error:  # fewer replies than the rule needs (clients dropped this round)
+            raise TooFewReplies(f"{len(models.arrays)} replies: {error}") from None
         names = list(current)
         results = [([array[name].detach().cpu().numpy() for name in names], max(1, round(weight)))
                    for array, weight in zip(models.arrays, models.weights)]

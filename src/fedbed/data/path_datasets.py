@@ -118,18 +118,25 @@ def load_path_dataset(spec: DatasetSpec, image_size: int | None) -> DomainDatase
 
     Raises:
         DataError: as :func:`fedbed.data.images.load_image_folders` and
-            :func:`fedbed.data.images.load_packed`, and: a packed file whose side is not the asked
-            ``image_size``, one whose domains differ from the folder tree beside it, or a domain
-            without samples.
+            :func:`fedbed.data.images.load_packed`, and: a packed file of non-square images, one
+            whose domains differ from the folder tree beside it, or a domain without samples. A
+            packed file of another side than ``image_size`` is read resized
+            (:meth:`DomainDataset.resized`).
     """
     path = Path(str(spec.path)).expanduser()
     size = image_size or spec.default_image_size
     packed = path if path.is_file() else packed_files(path).get(size)
+    if packed is None and not path.is_file() and packed_files(path) and spec.domain_names != domain_folder_names(path):
+        # No file at this size and no folder tree to decode: the nearest packed size, resized
+        # (as for the built-in datasets, fedbed.data.catalog).
+        sizes = sorted(packed_files(path))
+        packed = packed_files(path)[next((s for s in sizes if s >= size), sizes[-1])]
     if packed is not None:
         dataset = load_packed(packed, spec.name)
-        if dataset.input_shape[1:] != (size, size):
-            raise DataError(f"{packed} holds {dataset.input_shape[1]}x{dataset.input_shape[2]} images, but the run "
-                            f"asks for image_size {size}; leave image_size unset or prepare the folder tree at that size")
+        if dataset.input_shape[1] != dataset.input_shape[2]:
+            raise DataError(f"{packed} holds {dataset.input_shape[1]}x{dataset.input_shape[2]} images; a packed file "
+                            "for a run holds square images: run `fedbed data prepare` on its folder tree")
+        dataset = dataset.resized(size)  # a model built for another side (LeNet: 28) reads it resized, and says so
         if dataset.domain_names != spec.domain_names:
             raise DataError(f"{packed} has domains {', '.join(dataset.domain_names)}, but the folders beside it are "
                             f"{', '.join(spec.domain_names)}; run `fedbed data prepare {spec.path} --size {size}` again")

@@ -31,7 +31,7 @@ from fedbed.federation.evaluation import evaluate_models
 from fedbed.federation.linear_probe import LinearProbe
 from fedbed.federation.local_data import ClientData, UnlabeledImages
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
-from fedbed.federation.strategy import ServerStrategy
+from fedbed.federation.strategy import ServerStrategy, TooFewReplies
 from fedbed.federation.transport import FIT_SECONDS, ClientTransport
 from fedbed.gradients import alignment_telemetry, flatten, floating_keys
 from fedbed.jsonlog import to_json
@@ -243,9 +243,9 @@ def non_finite_model(strategy: ServerStrategy) -> str | None:
 def aggregate_or_keep(strategy: ServerStrategy, round_number: int, replies: dict[int, Reply]) -> tuple[RoundSummary, str | None]:
     """Aggregate the round's checked replies, or keep the previous model.
 
-    With no reply left, the strategy is not called; when its aggregation leaves a non-finite
-    array in an evaluation model (:func:`non_finite_model`), its state from before the round is
-    restored.
+    With no reply left, the strategy is not called; when its aggregation cannot use the replies
+    (:class:`~fedbed.federation.strategy.TooFewReplies`) or leaves a non-finite array in an
+    evaluation model (:func:`non_finite_model`), its state from before the round is restored.
 
     Returns:
         ``(the strategy's summary, or an empty one; None, or why the previous model was kept)``.
@@ -253,7 +253,11 @@ def aggregate_or_keep(strategy: ServerStrategy, round_number: int, replies: dict
     if not replies:
         return RoundSummary(), "no reply passed the checks (see dropped): the global model is unchanged"
     before = copy.deepcopy(strategy.state_dict())
-    summary = strategy.aggregate(round_number, replies)
+    try:
+        summary = strategy.aggregate(round_number, replies)
+    except TooFewReplies as error:
+        strategy.load_state_dict(before)
+        return RoundSummary(), f"the aggregation cannot use this round's replies ({error}): the global model is unchanged"
     broken = non_finite_model(strategy)
     if broken is None:
         return summary, None

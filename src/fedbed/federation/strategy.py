@@ -15,6 +15,12 @@ from fedbed.federation.local_data import ClientData, UnlabeledImages
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
 
 
+class TooFewReplies(ValueError):
+    """Raised by a strategy whose aggregation cannot work with the round's replies (a robust rule
+    that needs more clients than replied): the engine keeps the previous model for the round and
+    logs the message."""
+
+
 class ServerStrategy(ABC):
     """The server side of a method: decides what each client receives and combines the replies.
 
