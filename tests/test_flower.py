@@ -85,7 +85,7 @@ def test_a_site_sends_only_parameters_and_metrics(tmp_path):
     assert not content.config_records
     assert set(content.array_records["arrays"]) == set(sent)  # the model's parameters, nothing else
     assert all(tuple(content.array_records["arrays"][k].shape) == tuple(v.shape) for k, v in sent.items())
-    assert set(content.metric_records["metrics"]) == {"loss", "num_examples"}
+    assert set(content.metric_records["metrics"]) == {"loss", "fit_seconds", "num_examples"}  # fit_seconds: the client time limit
     assert content.metric_records["metrics"]["num_examples"] == len(built.partitions[1].indices)
     assert STATE_RECORD in context.state.config_records  # the client state stayed on the node
     # Evaluating on its id-holdout share, it sends back counts per model and domain, nothing else.
