@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fedbed.algorithms import ALGORITHMS, get_algorithm, resolve_hyperparameters
+from fedbed.algorithms.fedgala import GlobalAlignmentStrategy
 from fedbed.algorithms.gradient_agreement import AgreementStrategy, FedGMAHyperparameters, FedGMAStrategy, PCGradStrategy
 from fedbed.algorithms.ppdg import PPDGHyperparameters, PPDGStrategy
 from fedbed.algorithms.update_aggregation import UpdateAggregationStrategy
@@ -128,6 +129,7 @@ def aggregators():
         "agrrand": AgreementStrategy(0, random_fill=True),
         "pcgrad": PCGradStrategy(0),
         "fedgma": FedGMAStrategy(FedGMAHyperparameters(), seed=0),
+        "global_alignment": GlobalAlignmentStrategy(0),  # FedGaLA's server, also fedavg_global_alignment's
     }
 
 
@@ -148,7 +150,7 @@ def test_every_aggregator_on_zero_and_single_client_inputs(name):
 def test_every_update_aggregator_is_covered():
     registered = {name for name, cls in ALGORITHMS.items()
                   if issubclass(type(cls().create_strategy(cls.hyperparameters(), _Context())), UpdateAggregationStrategy)}
-    assert registered == {"ppdg", "agrsum", "agrrand", "pcgrad", "fedgma"}
+    assert registered == {"ppdg", "agrsum", "agrrand", "pcgrad", "fedgma", "fedgala", "fedavg_global_alignment"}
 
 
 class _Context:
