@@ -198,8 +198,10 @@ def test_the_script_by_its_full_path_without_the_environment_on_path_and_sigterm
     script = Path(sys.executable).parent / "fedbed"
     environment = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", str(tmp_path)), "TMPDIR": str(tmp_path),
                    "OMP_NUM_THREADS": "1"}
-    job = subprocess.Popen([str(script), "run", "--backend", "flower-deployment", "--model", "lenet", "--rounds", "30",
-                            "--local-steps", "2", "--run-dir", str(run_dir), "--no-progress"],
+    settings = tmp_path / "run.yaml"  # two sites (two SuperNodes), as tiny()
+    settings.write_text("partition: domains_per_client\nnum_clients: 2\ndomains_per_client: 3\nbatch_size: 16\n")
+    job = subprocess.Popen([str(script), "run", "--config", str(settings), "--backend", "flower-deployment", "--model", "lenet",
+                            "--rounds", "30", "--local-steps", "2", "--run-dir", str(run_dir), "--no-progress"],
                            env=environment, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 300
