@@ -28,10 +28,12 @@ def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
     Raises:
         PlotError: if the log is missing or empty.
     """
+    from fedbed.run_result import read_log
+
     log = run_dir / LOG_NAME
     if not log.is_file():
         raise PlotError(f"{log} does not exist; give the directory of a FedBed run")
-    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    records = read_log(run_dir)
     if not records:
         raise PlotError(f"{log} holds no round yet")
     return records
