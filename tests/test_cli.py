@@ -178,9 +178,18 @@ def test_resume_and_run_directory_guards(tmp_path):
     assert runner.invoke(app, base).exit_code == 0
     result = runner.invoke(app, [*base, "--resume", "--algorithm", "ppdg"])
     assert result.exit_code == 2 and "settings differ (algorithm: 'fedavg' there, 'ppdg' here" in result.output
+    # A finished run whose checkpoint was deleted (to save disk): --resume refuses, keeping its results.
+    summary = (run_dir / "summary.json").read_text()
+    (run_dir / "checkpoint.pt").write_bytes(b"not a checkpoint")  # damaged, or from another version of the code
+    result = runner.invoke(app, [*base, "--resume", "--rounds", "2"])
+    assert result.exit_code == 1 and "does not fit this run" in result.output and "Traceback" not in result.output
+    (run_dir / "checkpoint.pt").unlink()
+    result = runner.invoke(app, [*base, "--resume"])
+    assert result.exit_code == 2 and "checkpoint.pt is gone" in result.output and "--overwrite" in result.output
+    assert (run_dir / "summary.json").read_text() == summary and (run_dir / "rounds.jsonl").read_text().strip()
     # Stopped before its first round ended (settings written, no checkpoint): --resume starts it over.
-    finished = json.loads((run_dir / "summary.json").read_text())["selection"]
-    for name in ("checkpoint.pt", "summary.json", "rounds.jsonl"):
+    finished = json.loads(summary)["selection"]
+    for name in ("summary.json", "rounds.jsonl"):
         (run_dir / name).unlink()
     result = runner.invoke(app, [*base, "--resume"])
     assert result.exit_code == 0 and "nothing to resume" in result.output and "starting it over" in result.output

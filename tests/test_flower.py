@@ -113,23 +113,21 @@ def assert_same_run(expected_dir, actual_dir, eval_size: int):
 
 
 # MCGDM on a deployment: FedAvg's server that also sends each client, as read-only arrays,
-# the other clients' heads of the previous round (its own left out, so payloads differ per client;
-# the simulation carries them through the same FlowerClients transport and records);
-# hFedF, which sends each client its own weights, on a deployment (the simulation runs the same
-# FlowerClients transport, with Ray in place of the SuperNodes); FedADG, whose discriminator and
-# random projection live in the client state (the node's context.state on Flower), on the
-# simulation here and on a deployment whose sites each hold one domain in tests/test_spread_data.py.
+# the other clients' heads of the previous round (its own left out, so payloads differ per client).
+# hFedF, which sends each client its own weights, on a deployment too. The simulation (the same
+# FlowerClients transport and records, with Ray in place of the SuperNodes) is compared with the
+# in-process run in tests/test_faults.py; FedADG, whose discriminator and random projection live
+# in the client state (the node's context.state on Flower), runs on a deployment whose sites each
+# hold one domain in tests/test_spread_data.py.
 @pytest.mark.parametrize("algorithm, backends", [("mcgdm", ("flower-deployment",)),
-                                                 ("hfedf", ("flower-deployment",)),
-                                                 ("fedadg", ("flower-sim",))])
+                                                 ("hfedf", ("flower-deployment",))])
 def test_same_results_in_process_and_on_flower(tmp_path, algorithm, backends, no_orphans, monkeypatch, capfd):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     # Evaluated after round 2 only: one evaluate message per site instead of two, and still
     # rounds of training on each side of it.
-    hp = {"mcgdm": {"include_own_head": False, "client_lr": 0.01},
-          "fedadg": {"classification_epochs": 1, "alignment_epochs": 1, "client_lr": 0.01}}.get(algorithm, {})
+    hp = {"mcgdm": {"include_own_head": False, "client_lr": 0.01}}.get(algorithm, {})
     run = functools.partial(tiny, algorithm, eval_every=2, hp=hp)
     try:
         run_experiment(run(tmp_path / "in-process"), progress=False, echo=lambda *_: None)
@@ -155,16 +153,10 @@ def test_same_results_in_process_and_on_flower(tmp_path, algorithm, backends, no
         for backend in ("in-process", *backends):
             second = json.loads((tmp_path / backend / LOG_NAME).read_text().splitlines()[1])
             assert second["communication"]["sent_bytes"]["0"] > second["communication"]["received_bytes"]["0"]
-    if algorithm == "fedadg":  # the discriminator trained on the nodes: its losses match the in-process run's
-        for backend in backends:
-            assert final_metrics(tmp_path / backend)[0] == pytest.approx(final_metrics(tmp_path / "in-process")[0], rel=1e-5)
-            mine, theirs = ([json.loads(line)["metrics"]["mean_adversarial_discriminator"]
-                             for line in (tmp_path / name / LOG_NAME).read_text().splitlines()] for name in ("in-process", backend))
-            assert theirs == pytest.approx(mine, rel=1e-5)
 
 
 def test_a_lost_supernode_is_dropped_and_the_rounds_go_on(tmp_path, no_orphans):
-    config = tiny("fedavg", (tmp_path / "run").resolve(), rounds=3, id_evaluation="clients")
+    config = tiny("fedavg", (tmp_path / "run").resolve(), rounds=2, id_evaluation="clients")
     app = write_app(tmp_path / "app", config, round_timeout=45.0)
     log = config.run_dir / LOG_NAME
     with local_federation(2, tmp_path) as (processes, environment):
@@ -180,14 +172,14 @@ def test_a_lost_supernode_is_dropped_and_the_rounds_go_on(tmp_path, no_orphans):
         finally:
             job.kill()
     rounds = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [r["round"] for r in rounds] == [1, 2, 3]
+    assert [r["round"] for r in rounds] == [1, 2]
     assert rounds[0]["dropped"] == {} and rounds[0]["evaluation_dropped"] == {}
     assert rounds[0]["evaluation"]["id_mean"] is not None
     for later in rounds[1:]:
         assert set(later["dropped"]) == {"1"} and "SuperNode" in later["dropped"]["1"]
         # Site 1's holdout share is gone: its domains have no id score rather than one on part of the holdout.
         assert set(later["evaluation_dropped"]) == {"1"} and later["evaluation"]["id_mean"] is None
-    assert json.loads((config.run_dir / "summary.json").read_text())["selection"]["last"]["round"] == 3
+    assert json.loads((config.run_dir / "summary.json").read_text())["selection"]["last"]["round"] == 2
 
 
 def test_the_script_by_its_full_path_without_the_environment_on_path_and_sigterm_leaves_nothing(tmp_path, no_orphans):

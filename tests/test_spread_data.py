@@ -106,7 +106,8 @@ def test_a_deployment_whose_sites_each_hold_one_domain_equals_the_in_process_run
     """Three SuperNodes, each with a data root holding only its own VLCS domain; the server's
     holds only the target; the run equals the in-process run on the whole data. The method is
     FedADG, whose discriminator and random projection live in each site's state (the SuperNode's
-    context.state) and never leave it: its discriminator losses match too."""
+    context.state), never leave it and carry over to the next round there: its discriminator
+    losses match in both rounds."""
     from fedbed.flower.deployment import run_flower_deployment
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -114,7 +115,7 @@ def test_a_deployment_whose_sites_each_hold_one_domain_equals_the_in_process_run
     layout = {domain: {"bird": 3 + i, "car": 4} for i, domain in enumerate(domains)}
     make_tree(tmp_path / "whole" / "VLCS", layout)
     roots = {domain: make_tree(tmp_path / domain / "VLCS", {domain: layout[domain]}).parent for domain in domains}
-    settings = dict(dataset="VLCS", target="VOC2007", rounds=1, local_steps=2, batch_size=4, image_size=8,
+    settings = dict(dataset="VLCS", target="VOC2007", rounds=2, local_steps=2, batch_size=4, image_size=8,
                     model="mnist_cnn", holdout_fraction=0.25, seed=2, class_names=["bird", "car"],
                     id_evaluation="clients", algorithm="fedadg",
                     hp={"classification_epochs": 1, "alignment_epochs": 1, "client_lr": 0.01})
@@ -137,3 +138,41 @@ def test_a_deployment_whose_sites_each_hold_one_domain_equals_the_in_process_run
     assert [r["metrics"]["mean_adversarial_discriminator"] for r in theirs] == pytest.approx(
         [r["metrics"]["mean_adversarial_discriminator"] for r in mine], rel=1e-5)
     assert set(mine[-1]["evaluation"]["id"]) == set(domains[:3])
+
+
+@pytest.mark.parametrize("changes", [dict(algorithm="fedsimclr"),  # linear_probe: the server probes, sites train
+                                     dict(protocol="domain_adaptation")])  # the server alone holds the target
+def test_each_site_builds_under_the_other_evaluation_protocols(machines, changes):
+    whole, spread = machines
+    everything = build_run(config(whole, **changes))
+    site = build_run(config(spread["coast"], **changes))
+    mine, theirs = site.client_data(1), everything.client_data(1)
+    assert torch.equal(mine.images, theirs.images) and torch.equal(mine.targets, theirs.targets)
+
+
+def test_a_site_reads_its_packed_file_of_another_size_and_numeric_class_names(machines, tmp_path):
+    """A site packs its one-domain tree (`fedbed data prepare`) at 16 px and runs at 8 px from
+    the packed file alone (resized from the nearest packed size); class names that YAML read as
+    numbers are names."""
+    import shutil
+
+    from fedbed.data.path_datasets import prepare_path_dataset
+
+    whole, spread = machines
+    packed_site = tmp_path / "packed-site" / "herds"
+    prepare_path_dataset(str(spread["coast"]), 16, output_root=packed_site.parent)
+    shutil.rmtree(spread["coast"])  # the folder tree is gone: only the packed file is read
+    site = build_run(config(packed_site))
+    everything = build_run(config(whole))
+    assert site.dataset.present_domains() == (1,) and site.dataset.images.shape[-2:] == (8, 8)
+    assert torch.equal(site.client_data(1).targets, everything.client_data(1).targets)
+    numbered = config_from_mapping({"dataset": str(whole), "target": "delta", "domain_names": ["alps", "coast", "delta"],
+                                    "class_names": [7, 3]})
+    assert numbered.class_names == ["7", "3"]
+
+
+def test_a_dataset_built_by_its_own_reader_is_refused_before_any_data_is_read(tmp_path):
+    from fedbed.config import validate
+
+    with pytest.raises(ConfigError, match="RotatedMNIST is built by its own reader"):
+        validate(ExperimentConfig(dataset="RotatedMNIST", data_root=tmp_path, class_names=["0", "1"]))

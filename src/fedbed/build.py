@@ -66,7 +66,8 @@ class BuiltRun:
         hparams: its resolved hyperparameters.
         dataset: the loaded dataset.
         split: the leave-one-domain-out split (target vs sources, id holdouts).
-        partitions: one per client: ``indices`` [n_k] into ``dataset`` and ``domains``.
+        partitions: one per client: ``indices`` [n_k] into ``dataset`` (``None`` for a client
+            whose domain this machine does not hold: data spread over machines) and ``domains``.
         ood_indices: ``int64 [m]`` target samples for ood evaluation (few-shot samples and the
             domain-adaptation share removed).
         adaptation_indices: ``int64 [a]`` the target's unlabelled adaptation share under
@@ -134,7 +135,12 @@ class BuiltRun:
         present = set(self.dataset.present_domains())
         return [self.dataset.domain_names[d] for d in domains if d not in present]
 
-    def _require(self, domains: tuple[int, ...], what: str) -> None:
+    def require_domains(self, domains: tuple[int, ...], what: str) -> None:
+        """Check that this machine holds samples of every one of ``domains`` (ids).
+
+        Raises:
+            ConfigError: naming the missing domains and ``what`` needs them (data spread over machines).
+        """
         missing = self.missing_domains(domains)
         if missing:
             raise ConfigError(f"this machine's data holds no sample of {', '.join(missing)}, which {what} needs; give it a "
@@ -146,7 +152,7 @@ class BuiltRun:
         Raises:
             ConfigError: a domain missing (data spread over machines is for Flower deployments).
         """
-        self._require(tuple(range(len(self.dataset.domain_names))), "a run on one machine (every client and the server)")
+        self.require_domains(tuple(range(len(self.dataset.domain_names))), "a run on one machine (every client and the server)")
 
     def client_data(self, client: int) -> ClientData:
         """Training data of one client (only its partition).
@@ -154,7 +160,7 @@ class BuiltRun:
         Raises:
             ConfigError: this machine does not hold the client's domain (data spread over machines).
         """
-        self._require(self.partitions[client].domains, f"client {client}")
+        self.require_domains(self.partitions[client].domains, f"client {client}")
         return self.data(self.partitions[client].indices)
 
     @functools.cached_property
@@ -168,7 +174,7 @@ class BuiltRun:
         Raises:
             ConfigError: this machine does not hold the client's domain (data spread over machines).
         """
-        self._require(self.partitions[client].domains, f"client {client}'s id evaluation")
+        self.require_domains(self.partitions[client].domains, f"client {client}'s id evaluation")
         return self.data(self._holdout_shares[client])
 
     def evaluator(self) -> ClientEvaluator:
@@ -208,9 +214,9 @@ class BuiltRun:
                 hypernetwork).
         """
         dataset, split = self.dataset, self.split
-        self._require(split.target_domains, "the server (it scores the target domain)")
+        self.require_domains(split.target_domains, "the server (it scores the target domain)")
         if self.config.id_evaluation == "server":
-            self._require(split.source_domains, "the server's id evaluation (with the data spread over the sites, "
+            self.require_domains(split.source_domains, "the server's id evaluation (with the data spread over the sites, "
                                                 "score the id holdouts there: id_evaluation: clients)")
         strategy = self.algorithm.create_strategy(self.hparams, self.context)
         aggregation = self.model_aggregation()
@@ -279,7 +285,7 @@ def build_run(config: ExperimentConfig) -> BuiltRun:
         partitions = _partitions(config, split, algorithm.pooled)
         ood_indices = split.target
         adaptation_indices = torch.zeros(0, dtype=torch.long)
-        if config.protocol == "domain_adaptation":
+        if config.protocol == "domain_adaptation" and (declared is None or len(split.target)):  # a site: no target
             adaptation_indices, ood_indices = split_target_for_adaptation(split.target, config.adaptation_fraction or 0.5, config.seed)
         if config.few_shot_per_client:
             partitions, ood_indices = add_few_shot_target_samples(split, partitions, config.few_shot_per_client, config.seed)
@@ -300,8 +306,12 @@ def build_run(config: ExperimentConfig) -> BuiltRun:
     if resolved.evaluation_protocol == "linear_probe":
         if dataset.task != "classification":
             raise ConfigError(f"the linear_probe evaluation needs class labels; {dataset.name} is a regression task")
-        sizes = {dataset.domain_names[d]: len(idx) for d, idx in split.holdout.items()}
-        sizes.update({f"{dataset.domain_names[d]} (target)": int((dataset.domains[ood_indices] == d).sum()) for d in split.target_domains})
+        # Data spread over machines: each machine checks the domains it holds (the server, which
+        # probes, holds them all: linear_probe scores the id holdouts on the server).
+        present = set(dataset.present_domains())
+        sizes = {dataset.domain_names[d]: len(idx) for d, idx in split.holdout.items() if d in present}
+        sizes.update({f"{dataset.domain_names[d]} (target)": int((dataset.domains[ood_indices] == d).sum())
+                      for d in split.target_domains if d in present})
         small = {name: size for name, size in sizes.items() if size < 2}
         if small:
             raise ConfigError(f"the linear probe needs at least two samples of each evaluated domain; too few in {small}: "

@@ -27,7 +27,7 @@ from fedbed.algorithms.robust_aggregation import (
 )
 from fedbed.data import DataError, dataset_spec, resolve_data_root, with_found_domains
 from fedbed.data.augmentation import AUGMENTATIONS
-from fedbed.data.catalog import DatasetSpec, known_datasets
+from fedbed.data.catalog import DatasetSpec, known_datasets, spread_data_refusal
 from fedbed.data.path_datasets import display_name
 from fedbed.federation.client_evaluation import ID_EVALUATION_SITES
 from fedbed.federation.engine import clients_per_round
@@ -44,6 +44,18 @@ PROTOCOLS = ("domain_generalization", "domain_adaptation")
 
 class ConfigError(ValueError):
     """Raised for any invalid experiment setting; the message is one line saying what to change."""
+
+
+def name_from_number(value: Any) -> Any:
+    """A domain or class name that YAML read as a number, as its text: ``15`` -> ``"15"``
+    (RotatedMNIST's domains are named by their angles, digit datasets' class folders by their
+    digits); ``15.0`` -> ``"15"``; anything else (a string, a boolean, a list) unchanged, for
+    the setting's own check to judge."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return str(int(value))
+    return value
 
 
 class ExperimentConfig(BaseModel):
@@ -203,20 +215,15 @@ class ExperimentConfig(BaseModel):
     @field_validator("target", mode="before")
     @classmethod
     def _number_as_domain_name(cls, target: Any) -> Any:
-        # YAML reads `target: 15` as a number; RotatedMNIST's domains are named by their digits.
-        if isinstance(target, bool):
-            return target
-        if isinstance(target, int) or (isinstance(target, float) and target.is_integer()):
-            return str(int(target))
-        return target
+        return name_from_number(target)
 
     @field_validator("domain_names", "class_names", mode="before")
     @classmethod
     def _list_from_json_text(cls, names: Any) -> Any:
         # Flower's run config holds no lists: a list setting travels as its JSON text.
         if isinstance(names, str) and names.startswith("["):
-            return json.loads(names)
-        return names
+            names = json.loads(names)
+        return [name_from_number(name) for name in names] if isinstance(names, list) else names
 
     @field_validator("domain_names", "class_names")
     @classmethod
@@ -388,8 +395,9 @@ def validate(config: ExperimentConfig) -> ResolvedNames:
         The resolved names, for building the run without looking them up again.
 
     Raises:
-        ConfigError: unknown dataset, target domain, algorithm, hyperparameter or model, or a
-            data root that does not exist.
+        ConfigError: unknown dataset, target domain, algorithm, hyperparameter or model, a
+            data root that does not exist, or settings that do not fit together (among them
+            data spread over machines that cannot be, :func:`check_spread_data`).
     """
     declared = config.declared_names()
     try:
@@ -425,15 +433,20 @@ def validate(config: ExperimentConfig) -> ResolvedNames:
 
 
 def check_spread_data(config: ExperimentConfig, spec: DatasetSpec, algorithm: Algorithm) -> None:
-    """Whether a run can use data spread over machines (``domain_names`` / ``class_names``):
+    """Check that a run can use data spread over machines (``domain_names`` / ``class_names``):
     each site then builds its client from its own domain alone, which the one-client-per-domain
     partition allows and the others (which cut or pool domains by their sizes) do not.
 
     Raises:
-        ConfigError: a dataset known by name given other domain names than its own, or
-            domain names missing for a path; another partition than ``domain``, a pooled
-            method, or few-shot target samples (which sites would need the target for).
+        ConfigError: a dataset built by its own reader (MNIST-based, Digits, WILDS' layouts,
+            registered loaders: :func:`fedbed.data.catalog.spread_data_refusal`), a dataset known
+            by name given other domain names than its own, or domain names missing for a path;
+            another partition than ``domain``, a pooled method, or few-shot target samples
+            (which sites would need the target for).
     """
+    refusal = spread_data_refusal(spec)
+    if refusal is not None:
+        raise ConfigError(refusal)
     if spec.path is None and config.domain_names is not None and tuple(config.domain_names) != spec.domain_names:
         raise ConfigError(f"{spec.name}'s domains are {', '.join(spec.domain_names)}; give domain_names in that order "
                           "or leave it out")

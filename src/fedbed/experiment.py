@@ -78,7 +78,8 @@ def check_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool) -> None
     (its summary written) is never replaced. With ``resume``: a
     folder holding a run whose settings equal ``resolved`` except for
     :data:`RESUMABLE_CHANGES`, with its checkpoint, or without one when it was stopped before its
-    first round ended (:func:`prepare_run_dir` then starts it over).
+    first round ended (:func:`prepare_run_dir` then starts it over; a run with finished rounds
+    but no checkpoint is refused, never wiped).
 
     Raises:
         ConfigError: a non-empty folder that is not a run, a finished run or an earlier run
@@ -95,6 +96,12 @@ def check_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool) -> None
                 f"cannot resume {run_dir}: its settings differ ({'; '.join(changed)}); only "
                 f"{', '.join(sorted(RESUMABLE_CHANGES))} may change (or run without --resume)"
             )
+        log = run_dir / LOG_NAME
+        if not (run_dir / CHECKPOINT_NAME).exists() and ((run_dir / SUMMARY_NAME).exists()
+                                                         or (log.exists() and log.read_text().strip())):
+            raise ConfigError(f"cannot resume {run_dir}: it finished rounds but its {CHECKPOINT_NAME} is gone, so they "
+                              "cannot be continued (its results are kept); pass --overwrite to run it again from round 1, "
+                              "or choose another --run-dir")
         return
     if run_dir.exists() and any(run_dir.iterdir()):
         if not holds_a_run(run_dir):

@@ -338,6 +338,7 @@ def plot_features(run_dir: Path, per_domain: int = 100, seed: int = 0, data_root
         values["data_root"] = str(data_root)
     try:
         built = build_run(config_from_mapping(values))
+        built.require_domains(built.split.source_domains, "the feature plot (it draws the source domains' samples)")
         federation = built.federation(InProcessClients(built.trainer(), []))
     except ConfigError as error:
         raise PlotError(f"cannot rebuild the run of {run_dir}: {error}") from None

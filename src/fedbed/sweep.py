@@ -42,7 +42,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tqdm import tqdm
 
 from fedbed.data import dataset_spec, resolve_data_root, with_found_domains
-from fedbed.config import PLACEMENT_SETTINGS, ConfigError, ExperimentConfig, config_from_mapping, override_settings, validate
+from fedbed.config import (PLACEMENT_SETTINGS, ConfigError, ExperimentConfig, config_from_mapping, name_from_number,
+                           override_settings, validate)
 from fedbed.experiment import run_experiment
 from fedbed.provenance import run_sources, source_fingerprint
 from fedbed.results import VARIANT_LIMITS
@@ -69,8 +70,7 @@ class SweepSpec(BaseModel):
     @classmethod
     def _numbers_as_domain_names(cls, targets: Any) -> Any:
         # YAML reads `targets: [0, 15]` as numbers; RotatedMNIST's domains are named by their digits.
-        return [str(t) if isinstance(t, int) and not isinstance(t, bool) else t for t in targets] \
-            if isinstance(targets, list) else targets
+        return [name_from_number(t) for t in targets] if isinstance(targets, list) else targets
 
     @field_validator("hp")
     @classmethod
@@ -105,8 +105,7 @@ class SweepSpec(BaseModel):
                 if key in settings and not (isinstance(settings[key], list) and settings[key]):
                     raise ValueError(f"{key} of variant {name!r} must be a non-empty list, got {settings[key]!r}")
             if isinstance(settings.get("only_targets"), list):
-                settings["only_targets"] = [str(t) if isinstance(t, int) and not isinstance(t, bool) else t
-                                            for t in settings["only_targets"]]
+                settings["only_targets"] = [name_from_number(t) for t in settings["only_targets"]]
         return variants
 
 

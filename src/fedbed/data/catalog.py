@@ -19,9 +19,11 @@ from fedbed.data.path_datasets import (
     describe_path_dataset,
     load_path_dataset,
     looks_like_path,
+    nearest_packed_file,
     packed_files,
     path_dataset_spec,
     prepare_path_dataset,
+    read_square_packed,
 )
 from fedbed.data.poverty_map import POVERTY_COUNTRIES, POVERTY_FOLDERS, POVERTY_LAYOUT, read_poverty_map
 
@@ -296,35 +298,53 @@ def _load_dataset(spec: DatasetSpec, data_root: Path | None, image_size: int | N
 
 def read_present_domains(spec: DatasetSpec, data_root: Path | None, image_size: int | None) -> DomainDataset:
     """The domains of ``spec`` that this machine holds, when a federation's data is spread over
-    its machines (each site's data root holding only its own domain(s), the server's the target):
-    a DomainBed folder tree of the domains present (a path, or ``<root>/<Name>/``), else a packed
-    file at ``image_size`` holding only their samples. Its names are the data's own; the caller
-    indexes them by the declared ones (:meth:`DomainDataset.conformed`).
+    its machines (each site's data root holding only its own domain(s), the server's the target).
+    What is read, in the order of the whole-data readers: for a path, its packed file at
+    ``image_size``, else its folder tree of the domains present, else a packed file of another
+    side (:func:`fedbed.data.path_datasets.load_path_dataset`);
+    for a named dataset, its packed file under ``<root>/<name>/``, else its folder tree
+    ``<root>/<Name>/`` (:func:`_read_dataset`). A packed file of another side serves resized
+    (:func:`fedbed.data.path_datasets.nearest_packed_file`). Its names are the data's own; the
+    caller indexes them by the declared ones (:meth:`DomainDataset.conformed`).
 
     Raises:
-        DataError: a dataset built by a loader (MNIST-based, Digits, WILDS' layouts, registered
-            ones), or nothing readable found.
+        DataError: a dataset built by its own reader (:func:`spread_data_refusal`), a packed
+            file of non-square images, or nothing readable found.
     """
     size = image_size or spec.default_image_size
     if spec.path is not None:
         path = Path(spec.path).expanduser()
-        if path.is_dir() and domain_folder_names(path):
-            return load_image_folders(path, spec.name, size)
         packed = path if path.is_file() else packed_files(path).get(size)
+        if packed is None and path.is_dir() and domain_folder_names(path):
+            return load_image_folders(path, spec.name, size)
+        packed = packed or (nearest_packed_file(packed_files(path), size) if path.is_dir() else None)
         if packed is None:
-            raise DataError(f"{path} holds neither domain folders nor a packed file for {size}-px images")
-        return load_packed(packed, spec.name).resized(size)
-    if spec.loader is not None or spec.folder_reader is not None or not spec.folder_names:
-        raise DataError(f"{spec.name} is built by its own reader; data spread over machines (domain_names, "
-                        "class_names) works with DomainBed folder trees and packed files: give every machine the whole "
-                        f"{spec.name} and leave domain_names and class_names out")
-    if data_root is not None and spec.packed_path(data_root, size).exists():
-        return load_packed(spec.packed_path(data_root, size), spec.name)
+            raise DataError(f"{path} holds neither domain folders nor a packed file")
+        return read_square_packed(packed, spec.name, size)
+    refusal = spread_data_refusal(spec)  # config.check_spread_data refuses it first
+    if refusal is not None:
+        raise DataError(refusal)
+    packed = nearest_packed_file(packed_files(data_root / spec.packed_key, spec.packed_key), size) if data_root else None
+    if packed is not None:
+        return read_square_packed(packed, spec.name, size)
     folder = find_image_folder(spec, data_root)
     if folder is None:
-        raise DataError(f"{spec.name} not found under {data_root}; expected {'|'.join(spec.folder_names)}/<domain>/<class>/"
-                        "<image> holding the domains of this machine")
+        where = f"under {data_root}" if data_root is not None else "(no data root given: use --data-root or $FEDBED_DATA)"
+        raise DataError(f"{spec.name} not found {where}; expected {spec.packed_path(data_root or Path('DATA'), size)} or "
+                        f"{'|'.join(spec.folder_names)}/<domain>/<class>/<image> holding the domains of this machine")
     return load_image_folders(folder, spec.name, size)
+
+
+def spread_data_refusal(spec: DatasetSpec) -> str | None:
+    """Why ``spec`` cannot be spread over machines (``domain_names`` / ``class_names``), or
+    ``None`` when it can: only a DomainBed folder tree or its packed file (a path, or a named
+    dataset of ``<root>/<Name>/<domain>/<class>/<image>``) can be, not a dataset built by its own
+    loader or folder reader (MNIST-based, Digits, WILDS' layouts, registered loaders)."""
+    if spec.path is not None or (spec.loader is None and spec.folder_reader is None and spec.folder_names):
+        return None
+    return (f"{spec.name} is built by its own reader; data spread over machines (domain_names, class_names) works with "
+            f"DomainBed folder trees and packed files: give every machine the whole {spec.name} and leave domain_names "
+            "and class_names out")
 
 
 def _read_dataset(spec: DatasetSpec, data_root: Path | None, image_size: int | None) -> DomainDataset:
@@ -340,21 +360,13 @@ def _read_dataset(spec: DatasetSpec, data_root: Path | None, image_size: int | N
         return dataset
     if spec.name in MNIST_DATASETS:
         return MNIST_DATASETS[spec.name](data_root).resized(size)
-    if data_root is not None and not spec.packed_path(data_root, size).exists():
-        # Another packed size serves by resizing: the smallest larger one, else the largest.
-        sizes = sorted(int(path.stem.rpartition("_")[2]) for path in (data_root / spec.packed_key).glob(f"{spec.packed_key}_*.npz")
-                       if path.stem.rpartition("_")[2].isdigit())
-        if sizes:
-            nearest = next((s for s in sizes if s >= size), sizes[-1])
-            return _read_dataset(spec, data_root, nearest).resized(size)
-    if data_root is not None and spec.packed_path(data_root, size).exists():
-        dataset = load_packed(spec.packed_path(data_root, size), spec.name)
+    # A packed file serves, at its size or resized from the nearest one (nearest_packed_file).
+    packed = nearest_packed_file(packed_files(data_root / spec.packed_key, spec.packed_key), size) if data_root else None
+    if packed is not None:
+        dataset = load_packed(packed, spec.name)
         if dataset.domain_names != spec.domain_names:
-            raise DataError(
-                f"{spec.packed_path(data_root, size)} has domains {dataset.domain_names}; "
-                f"expected {spec.domain_names}"
-            )
-        return dataset
+            raise DataError(f"{packed} has domains {dataset.domain_names}; expected {spec.domain_names}")
+        return dataset.resized(size)
     folder = find_image_folder(spec, data_root)
     if folder is None:
         where = f"under {data_root}" if data_root is not None else "(no data root given: use --data-root or $FEDBED_DATA)"

@@ -46,14 +46,38 @@ def display_name(text: str) -> str:
     return path.name or path.resolve().name
 
 
-def packed_files(folder: Path) -> dict[int, Path]:
-    """``{size: path}`` of the ``<name>_<size>.npz`` files directly in ``folder``."""
+def packed_files(folder: Path, name: str = "*") -> dict[int, Path]:
+    """``{size: path}`` of the ``<name>_<size>.npz`` files directly in ``folder`` (any name by default)."""
     found = {}
-    for path in sorted(folder.glob(f"*_*{PACKED_SUFFIX}")):
+    for path in sorted(folder.glob(f"{name}_*{PACKED_SUFFIX}")):
         match = _SIZE_SUFFIX.search(path.stem)
         if match and path.is_file() and not path.name.endswith(f".partial{PACKED_SUFFIX}"):
             found[int(match.group(1))] = path
     return found
+
+
+def nearest_packed_file(packed: dict[int, Path], image_size: int) -> Path | None:
+    """The packed file to read ``image_size``-px images from, among ``packed`` (``{size: path}``,
+    :func:`packed_files`): the one at that side, else the smallest larger side (downsampling
+    loses the least), else the largest; ``None`` when there is none. The caller resizes it
+    (:meth:`DomainDataset.resized`)."""
+    if not packed:
+        return None
+    sizes = sorted(packed)
+    return packed[next((side for side in sizes if side >= image_size), sizes[-1])]
+
+
+def read_square_packed(packed: Path, name: str, image_size: int) -> DomainDataset:
+    """The packed file ``packed`` as dataset ``name``, resized to ``image_size`` pixels.
+
+    Raises:
+        DataError: as :func:`fedbed.data.images.load_packed`, and a file of non-square images.
+    """
+    dataset = load_packed(packed, name)
+    if dataset.input_shape[1] != dataset.input_shape[2]:
+        raise DataError(f"{packed} holds {dataset.input_shape[1]}x{dataset.input_shape[2]} images; a packed file "
+                        "for a run holds square images: run `fedbed data prepare` on its folder tree")
+    return dataset.resized(image_size)  # a model built for another side (LeNet: 28) reads it resized, and says so
 
 
 def path_dataset_spec(text: str, declared_domains: tuple[str, ...] | None = None) -> DatasetSpec:
@@ -137,17 +161,12 @@ def load_path_dataset(spec: DatasetSpec, image_size: int | None) -> DomainDatase
     path = Path(str(spec.path)).expanduser()
     size = image_size or spec.default_image_size
     packed = path if path.is_file() else packed_files(path).get(size)
-    if packed is None and not path.is_file() and packed_files(path) and spec.domain_names != domain_folder_names(path):
+    if packed is None and not path.is_file() and spec.domain_names != domain_folder_names(path):
         # No file at this size and no folder tree to decode: the nearest packed size, resized
         # (as for the built-in datasets, fedbed.data.catalog).
-        sizes = sorted(packed_files(path))
-        packed = packed_files(path)[next((s for s in sizes if s >= size), sizes[-1])]
+        packed = nearest_packed_file(packed_files(path), size)
     if packed is not None:
-        dataset = load_packed(packed, spec.name)
-        if dataset.input_shape[1] != dataset.input_shape[2]:
-            raise DataError(f"{packed} holds {dataset.input_shape[1]}x{dataset.input_shape[2]} images; a packed file "
-                            "for a run holds square images: run `fedbed data prepare` on its folder tree")
-        dataset = dataset.resized(size)  # a model built for another side (LeNet: 28) reads it resized, and says so
+        dataset = read_square_packed(packed, spec.name, size)
         if dataset.domain_names != spec.domain_names:
             raise DataError(f"{packed} has domains {', '.join(dataset.domain_names)}, but the folders beside it are "
                             f"{', '.join(spec.domain_names)}; run `fedbed data prepare {spec.path} --size {size}` again")
@@ -168,16 +187,19 @@ def prepare_path_dataset(text: str, image_size: int, output_root: Path | None = 
     ``output_root/<name>/<name>_<size>.npz``), which ``--dataset`` of the folder (or of
     ``output_root/<name>``) then reads.
 
+    A tree of one domain is packed too: a site of a federation whose data is spread over its
+    machines holds only its own (``domain_names``, :func:`fedbed.data.catalog.read_present_domains`).
+
     Raises:
-        DataError: a path that is not a folder tree of at least two domains, unreadable images,
-            or a destination that cannot be written.
+        DataError: a path that is not a folder tree of domains, unreadable images, or a
+            destination that cannot be written.
     """
-    spec = path_dataset_spec(text)
     folder = Path(text).expanduser()
-    if not folder.is_dir() or spec.domain_names != domain_folder_names(folder):
+    if not folder.is_dir() or not domain_folder_names(folder):
         raise DataError(f"{folder} is not a folder tree <domain>/<class>/<image>; only a folder tree needs preparing")
-    dataset = load_image_folders(folder, spec.name, image_size)
-    target = (output_root / spec.name if output_root else folder) / f"{spec.name}_{image_size}{PACKED_SUFFIX}"
+    name = display_name(text)
+    dataset = load_image_folders(folder, name, image_size)
+    target = (output_root / name if output_root else folder) / f"{name}_{image_size}{PACKED_SUFFIX}"
     try:
         save_packed(dataset, target)
     except OSError as error:

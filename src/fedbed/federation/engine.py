@@ -16,6 +16,7 @@ import copy
 import json
 import math
 import os
+import pickle
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -358,9 +359,14 @@ def run_rounds(
     if resume:
         if not checkpoint_path.exists():
             raise EngineError(f"cannot resume: {checkpoint_path} does not exist; run without --resume")
-        checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
-        federation.strategy.load_state_dict(checkpoint["strategy"])
-        federation.clients.load_state_dict(checkpoint["client_states"])
+        try:
+            checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+            federation.strategy.load_state_dict(checkpoint["strategy"])
+            federation.clients.load_state_dict(checkpoint["client_states"])
+        except (RuntimeError, KeyError, EOFError, pickle.UnpicklingError) as error:
+            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise EngineError(f"cannot resume: {checkpoint_path} does not fit this run ({first_line}); it is damaged or "
+                              "was written by another version of the method: run without --resume (--overwrite)") from None
         start = checkpoint["round"] + 1
         kept = [line for line in _complete_lines(log_path) if json.loads(line)["round"] < start]
         log_path.write_text("".join(line + "\n" for line in kept))
