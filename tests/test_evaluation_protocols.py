@@ -56,6 +56,20 @@ def test_the_probe_splits_by_seed_and_never_trains_on_its_test_share():
         probe.split(1, seed=0, domain=0, repeat=0)
 
 
+def test_repeated_probes_each_score_their_own_share_and_the_accuracy_is_their_mean():
+    data = separable()
+    # Flip the labels of repeat 0's test share only: that probe scores 0; the others see some of
+    # the flipped samples in training or testing and score in between.
+    probe = LinearProbe(labelled_fraction=0.25, epochs=50, learning_rate=0.05, repeats=3)
+    _, test = probe.split(40, seed=3, domain=1, repeat=0)
+    flipped = data.targets.clone()
+    flipped[test] = 1 - flipped[test]
+    corrupted = ClientData(data.images, flipped, data.domains)
+    scores = probe.scores(identity_model(), corrupted, 2, seed=3, domain=1)
+    assert len(scores) == 3 and scores[0] == 0.0 and all(score > 0.0 for score in scores[1:])
+    assert probe.accuracy(identity_model(), corrupted, 2, seed=3, domain=1) == pytest.approx(sum(scores) / 3)
+
+
 def test_a_linear_probe_run_says_it_reads_target_labels(tmp_path):
     config = ExperimentConfig(model="lenet", rounds=1, local_steps=2, batch_size=16, run_dir=tmp_path,
                               evaluation_protocol="linear_probe", linear_probe={"epochs": 5})

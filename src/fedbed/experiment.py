@@ -8,11 +8,13 @@ ServerApp calls :func:`execute_run` too). The names users import from here are r
 
 from __future__ import annotations
 
+import pickle
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import torch
 import yaml
 
 from fedbed.build import BuiltRun, build_run
@@ -41,6 +43,7 @@ __all__ = [
     "ExperimentConfig",
     "PLACEMENT_SETTINGS",
     "RESUMABLE_CHANGES",
+    "RestoredRun",
     "SUMMARY_NAME",
     "build_run",
     "check_run_dir",
@@ -50,6 +53,7 @@ __all__ = [
     "prepare_run_dir",
     "recorded_settings",
     "remove_run",
+    "restore_run",
     "run_experiment",
     "validate",
 ]
@@ -152,6 +156,48 @@ def prepare_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool, echo)
         remove_run(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     return resume
+
+
+class RestoredRun(NamedTuple):
+    """A finished run rebuilt (:func:`restore_run`): ``built`` (data, split, initial model),
+    ``global_model`` (restored from its checkpoint) and ``round`` (the checkpoint's, 1-based)."""
+
+    built: BuiltRun
+    global_model: torch.nn.Module
+    round: int
+
+
+def restore_run(run_dir: Path, data_root: Path | None = None, overrides: dict[str, Any] | None = None) -> RestoredRun:
+    """The run a run folder describes, rebuilt from its ``config.yaml`` (the same data, seeded
+    split, partitions and initial model), and its global model restored from ``checkpoint.pt``
+    (its last completed round).
+
+    Args:
+        run_dir: a FedBed run directory that finished a round.
+        data_root: where the run's data is, if not where it was trained.
+        overrides: settings replacing the recorded ones, for evaluating differently (e.g.
+            ``{"linear_probe": {"labelled_fraction": 0.3}}``); the model is the one trained.
+
+    Raises:
+        ConfigError: no ``config.yaml`` or ``checkpoint.pt`` there, data that cannot be
+            loaded, or a checkpoint that does not fit the rebuilt run.
+    """
+    for name in (CONFIG_NAME, CHECKPOINT_NAME):
+        if not (run_dir / name).is_file():
+            raise ConfigError(f"{run_dir / name} does not exist; give the directory of a FedBed run that finished a round")
+    values = yaml.safe_load((run_dir / CONFIG_NAME).read_text())
+    values.update(overrides or {})
+    if data_root is not None:
+        values["data_root"] = str(data_root)
+    built = build_run(config_from_mapping(values))
+    federation = built.federation(InProcessClients(built.trainer(), []))
+    try:
+        checkpoint = torch.load(run_dir / CHECKPOINT_NAME, map_location="cpu", weights_only=False)
+        federation.strategy.load_state_dict(checkpoint["strategy"])
+    except (RuntimeError, KeyError, EOFError, pickle.UnpicklingError) as error:
+        raise ConfigError(f"{run_dir / CHECKPOINT_NAME} does not fit the run its config.yaml describes: "
+                          f"{(str(error).strip().splitlines() or [type(error).__name__])[0]}") from None
+    return RestoredRun(built, federation.strategy.global_model(), int(checkpoint["round"]))
 
 
 def run_experiment(config: ExperimentConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True,

@@ -320,31 +320,18 @@ def plot_features(run_dir: Path, per_domain: int = 100, seed: int = 0, data_root
             featurizer, or ``per_domain < 2``.
     """
     import torch
-    import yaml
     from sklearn.manifold import TSNE
 
-    from fedbed.build import build_run
-    from fedbed.config import ConfigError, config_from_mapping
-    from fedbed.federation.transport import InProcessClients
-    from fedbed.run_directory import CHECKPOINT_NAME, CONFIG_NAME
+    from fedbed.config import ConfigError
+    from fedbed.experiment import restore_run
 
     if per_domain < 2:
         raise PlotError(f"--per-domain must be at least 2, got {per_domain}")
-    for name in (CONFIG_NAME, CHECKPOINT_NAME):
-        if not (run_dir / name).is_file():
-            raise PlotError(f"{run_dir / name} does not exist; give the directory of a FedBed run that finished a round")
-    values = yaml.safe_load((run_dir / CONFIG_NAME).read_text())
-    if data_root is not None:
-        values["data_root"] = str(data_root)
     try:
-        built = build_run(config_from_mapping(values))
+        built, model, checkpoint_round = restore_run(run_dir, data_root)
         built.require_domains(built.split.source_domains, "the feature plot (it draws the source domains' samples)")
-        federation = built.federation(InProcessClients(built.trainer(), []))
     except ConfigError as error:
         raise PlotError(f"cannot rebuild the run of {run_dir}: {error}") from None
-    checkpoint = torch.load(run_dir / CHECKPOINT_NAME, map_location="cpu", weights_only=False)
-    federation.strategy.load_state_dict(checkpoint["strategy"])
-    model = federation.strategy.global_model()
     if not hasattr(model, "featurizer"):
         raise PlotError(f"the {built.algorithm.name} model of {run_dir} has no featurizer to plot")
     generator = torch.Generator().manual_seed(seed)
@@ -378,7 +365,7 @@ def plot_features(run_dir: Path, per_domain: int = 100, seed: int = 0, data_root
     for label in sorted(set(data.targets.tolist())):
         axis.scatter([], [], c=[colours[label % len(colours)]], marker="s", label=f"class {dataset.class_names[label]}")
     axis.legend(fontsize="x-small", loc="best", ncol=2)
-    axis.set_title(f"{built.algorithm.name}, target {built.config.target}: t-SNE of features after round {checkpoint['round']}")
+    axis.set_title(f"{built.algorithm.name}, target {built.config.target}: t-SNE of features after round {checkpoint_round}")
     axis.set_xticks([])
     axis.set_yticks([])
     out = run_dir / "plots"

@@ -60,7 +60,13 @@ class LinearProbe(BaseModel):
 
     def accuracy(self, model: nn.Module, data: ClientData, num_classes: int, seed: int, domain: int) -> float:
         """Accuracy (percent) of linear probes on ``model.featurizer``'s features of ``data``,
-        mean over :attr:`repeats`.
+        the mean of :meth:`scores` over :attr:`repeats`; arguments and errors as there."""
+        scores = self.scores(model, data, num_classes, seed, domain)
+        return sum(scores) / len(scores)
+
+    def scores(self, model: nn.Module, data: ClientData, num_classes: int, seed: int, domain: int) -> list[float]:
+        """Accuracy (percent) of each of the :attr:`repeats` linear probes on
+        ``model.featurizer``'s features of ``data``, each trained on its own seeded share.
 
         Args:
             model: a :class:`~fedbed.models.DomainClassifier` (its ``featurizer`` maps
@@ -85,7 +91,7 @@ class LinearProbe(BaseModel):
             with torch.no_grad():
                 predicted = probe(features[test]).argmax(dim=1)
             scores.append(100.0 * float((predicted == data.targets[test]).float().mean()))
-        return sum(scores) / len(scores)
+        return scores
 
     def _train(self, features: torch.Tensor, labels: torch.Tensor, num_classes: int, generator: torch.Generator) -> nn.Linear:
         """A linear classifier ``[d] -> [num_classes]`` trained with Adam on frozen features."""

@@ -1,0 +1,57 @@
+"""The linear probe of a finished run's encoder, or of its untrained encoder (the floor a
+self-supervised method must beat), at any labelled share and number of probe seeds.
+
+Rebuilds the run a finished run folder describes (its ``config.yaml``: same data, split, seed and
+model) and scores either the global model of its checkpoint (its last round: the ``last``
+selection) or the seeded initial model its training started from, with the linear probe
+(``fedbed.federation.linear_probe``; the run's settings unless changed here) on each source
+domain's id holdout and on the target domain. **On the target this reads target labels** (the
+labelled share trains the probe): FedGaLA's evaluation protocol (``fedgala.md`` Sec. 4). Prints one
+line per domain, the target's last: the mean ± std over the probe seeds (``repeats``).
+
+    python benchmarks/linear_probe.py RUN_DIR [--encoder trained|untrained]
+        [--labelled-fraction 0.3] [--repeats 5] [--data-root DATA]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+import torch
+
+from fedbed.experiment import restore_run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path, help="a finished run folder (its config.yaml and checkpoint.pt are read)")
+    parser.add_argument("--encoder", choices=("trained", "untrained"), default="trained",
+                        help="the checkpoint's global model (last round) or the seeded initial model")
+    parser.add_argument("--labelled-fraction", type=float, default=None,
+                        help="share of each domain whose labels train the probe (default: the run's; FedGaLA: 0.1, 0.3)")
+    parser.add_argument("--repeats", type=int, default=None, help="probe seeds (default: the run's)")
+    parser.add_argument("--data-root", type=Path, default=None, help="the data root the run read (default: $FEDBED_DATA)")
+    arguments = parser.parse_args()
+    torch.set_num_threads(1)
+    probe_changes = {key: value for key, value in (("labelled_fraction", arguments.labelled_fraction),
+                                                   ("repeats", arguments.repeats)) if value is not None}
+    built, trained, _ = restore_run(arguments.run_dir, arguments.data_root)
+    if built.probe is None:
+        raise SystemExit(f"{arguments.run_dir} is not scored by the linear probe; nothing to compare")
+    probe = built.probe.model_copy(update=probe_changes)
+    model = trained if arguments.encoder == "trained" else built.initial_model
+    federation = built.federation(clients=None)
+    names, classes, seed = built.dataset.domain_names, built.dataset.num_classes, built.config.seed
+    print(f"{arguments.encoder} encoder of {arguments.run_dir}, linear probe: {probe.labelled_fraction:.0%} labelled, "
+          f"{probe.repeats} probe seed(s), {probe.epochs} epochs")
+    for kind, domains in (("id", federation.holdout), ("target (reads target labels)", federation.target)):
+        for domain, data in domains.items():
+            scores = probe.scores(model, data, classes, seed, domain)
+            spread = statistics.stdev(scores) if len(scores) > 1 else 0.0
+            print(f"{kind} {names[domain]}: {statistics.mean(scores):.1f} ± {spread:.1f}")
+
+
+if __name__ == "__main__":
+    main()
