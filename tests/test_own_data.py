@@ -4,6 +4,7 @@ datasets and entry points, channel conversion, regression files, validation erro
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -250,6 +251,12 @@ def test_target_all_runs_every_domain_of_a_path(tmp_path, monkeypatch):
     result = run_cli(["run", "--dataset", "tiny_32.npz", "--target", "all", *QUICK])
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in (tmp_path / "runs" / "tiny" / "fedavg").iterdir()) == ["north", "south"]
+    # Every target's run folder is checked before the first run starts: south's finished run is
+    # not replaced, and north's folder is left as it was (not redone first).
+    shutil.rmtree(tmp_path / "runs" / "tiny" / "fedavg" / "north")
+    again = run_cli(["run", "--dataset", "tiny_32.npz", "--target", "all", *QUICK])
+    assert again.exit_code == 2 and "holds a finished run with these settings" in again.output
+    assert sorted(p.name for p in (tmp_path / "runs" / "tiny" / "fedavg").iterdir()) == ["south"]
 
 
 def test_colored_mnist_follows_domainbed():

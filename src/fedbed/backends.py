@@ -14,7 +14,27 @@ from fedbed.federation.transport import TransportError
 
 BACKENDS = ("in-process", "flower-sim", "flower-deployment")
 
-__all__ = ["BACKENDS", "TransportError", "run_on_backend"]
+__all__ = ["BACKENDS", "TransportError", "check_before_running", "run_on_backend"]
+
+
+def check_before_running(config: ExperimentConfig, backend: str, *, resume: bool = False, check_folder: bool = True) -> None:
+    """What :func:`run_on_backend` checks before anything of a run starts, changing nothing: the
+    backend, the settings (:func:`fedbed.config.validate`) and, with ``check_folder``, the run
+    directory (:func:`fedbed.experiment.check_run_dir`). ``fedbed run --target all`` checks every
+    target's run this way before the first starts.
+
+    Raises:
+        ConfigError: an unknown backend, invalid settings, or a run directory holding another run
+            (or, with ``resume``, no run to continue).
+    """
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    names = validate(config)
+    if check_folder:
+        from fedbed.experiment import check_run_dir, recorded_settings
+
+        check_run_dir(config.resolved_run_dir(), recorded_settings(config, config.model or names.dataset.default_model,
+                                                                   names.hparams), resume)
 
 
 def run_on_backend(config: ExperimentConfig, backend: str, *, overwrite: bool = False, **options: Any) -> RunResult:
@@ -28,16 +48,14 @@ def run_on_backend(config: ExperimentConfig, backend: str, *, overwrite: bool = 
         ConfigError: an unknown backend, invalid settings, or a run directory holding another run.
         TransportError: a Flower run failed (its subclass :class:`fedbed.flower.common.FlowerError`).
     """
-    if backend not in BACKENDS:
-        raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    from fedbed.experiment import check_run_dir, recorded_settings, remove_run
+    from fedbed.experiment import remove_run
 
-    names = validate(config)
-    run_dir = config.resolved_run_dir()
-    if overwrite:
-        remove_run(run_dir)
     resume = bool(options.get("resume", False))
-    check_run_dir(run_dir, recorded_settings(config, config.model or names.dataset.default_model, names.hparams), resume)
+    if overwrite:
+        check_before_running(config, backend, check_folder=False)  # nothing is deleted for a run that cannot start
+        remove_run(config.resolved_run_dir())
+    check_before_running(config, backend, resume=resume)
+    run_dir = config.resolved_run_dir()
     if backend == "in-process":
         from fedbed.experiment import run_experiment
 

@@ -95,7 +95,7 @@ def run(
     """
     from fedbed.data import dataset_spec, resolve_data_root, with_found_domains
     from fedbed.data.base import DataError
-    from fedbed.backends import BACKENDS, TransportError, run_on_backend
+    from fedbed.backends import BACKENDS, TransportError, check_before_running, run_on_backend
     from fedbed.config import ConfigError, config_from_mapping, load_config_file, override_settings
     from fedbed.federation.engine import EngineError
     from fedbed.federation.evaluation import format_domain_table
@@ -133,8 +133,10 @@ def run(
             targets = list(with_found_domains(spec, resolve_data_root(values.get("data_root"))).domain_names)
             if "run_dir" in values:
                 fail("--target all writes one run directory per target; drop --run-dir")
-        # run_on_backend validates each config before anything of its run starts.
         configs = [config_from_mapping({**values, "target": t}) for t in targets]
+        if len(configs) > 1:  # every target's run is checked before the first starts (run_on_backend checks one)
+            for each in configs:
+                check_before_running(each, backend, resume=resume and backend == "in-process", check_folder=not overwrite)
     except (ConfigError, DataError) as error:
         fail(str(error))
     for each in configs:
