@@ -109,13 +109,17 @@ def test_an_attack_from_the_settings_is_dropped_and_counted_in_the_summary(tmp_p
 def test_an_injected_fault_is_dropped_on_flower_by_the_same_engine_code(tmp_path, no_orphans, monkeypatch):
     """On the simulation (Ray in place of the SuperNodes, the FlowerClients transport and
     records of a deployment) the faulty reply is dropped with its reason, and the run equals the
-    in-process one: losses, and the ood and id scores (the sites score their own id holdouts)."""
+    in-process one: losses, and the ood and id scores (the sites score their own id holdouts).
+    The method is FedADG, whose discriminator and random projection live in each site's state
+    (the node's context.state) and carry over between rounds there: its discriminator losses
+    match too."""
     from fedbed.flower.simulation import run_flower_simulation
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    run = functools.partial(tiny, "fedavg", rounds=2, eval_every=2, attack="wrong_dtype")
+    run = functools.partial(tiny, "fedadg", rounds=2, eval_every=2, attack="wrong_dtype",
+                            hp={"classification_epochs": 1, "alignment_epochs": 1, "client_lr": 0.01})
     config = run((tmp_path / "run").resolve(), id_evaluation="clients")
     try:
         run_experiment(run(tmp_path / "in-process"), progress=False, echo=lambda *_: None)
@@ -128,3 +132,6 @@ def test_an_injected_fault_is_dropped_on_flower_by_the_same_engine_code(tmp_path
         assert record["telemetry"]["weights"] == {"1": 1.0}
     assert summary["faults"]["dropped_replies"] == 2 and summary["backend"] == "flower-sim"
     assert_same_run(tmp_path / "in-process", config.run_dir, len(build_run(config).split.target))
+    mine = [json.loads(line)["metrics"]["mean_adversarial_discriminator"]
+            for line in (tmp_path / "in-process" / "rounds.jsonl").read_text().splitlines()]
+    assert [r["metrics"]["mean_adversarial_discriminator"] for r in records] == pytest.approx(mine, rel=1e-5)

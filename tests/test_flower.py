@@ -116,9 +116,9 @@ def assert_same_run(expected_dir, actual_dir, eval_size: int):
 # the other clients' heads of the previous round (its own left out, so payloads differ per client).
 # hFedF, which sends each client its own weights, on a deployment too. The simulation (the same
 # FlowerClients transport and records, with Ray in place of the SuperNodes) is compared with the
-# in-process run in tests/test_faults.py; FedADG, whose discriminator and random projection live
-# in the client state (the node's context.state on Flower), runs on a deployment whose sites each
-# hold one domain in tests/test_spread_data.py.
+# in-process run in tests/test_faults.py. FedADG, whose discriminator and random projection live
+# in the client state (the node's context.state on Flower), runs on both: on the simulation in
+# tests/test_faults.py, on a deployment whose sites each hold one domain in tests/test_spread_data.py.
 @pytest.mark.parametrize("algorithm, backends", [("mcgdm", ("flower-deployment",)),
                                                  ("hfedf", ("flower-deployment",))])
 def test_same_results_in_process_and_on_flower(tmp_path, algorithm, backends, no_orphans, monkeypatch, capfd):
