@@ -8,7 +8,6 @@ ServerApp calls :func:`execute_run` too). The names users import from here are r
 
 from __future__ import annotations
 
-import pickle
 import shutil
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from fedbed.config import (
     validate,
 )
 from fedbed.algorithms.differential_privacy import privacy_statement
-from fedbed.federation.engine import Federation, fault_summary, run_rounds
+from fedbed.federation.engine import EngineError, Federation, fault_summary, load_checkpoint, run_rounds
 from fedbed.federation.evaluation import SELECTION_RULES, select_round
 from fedbed.federation.transport import InProcessClients
 from fedbed.jsonlog import to_json
@@ -167,7 +166,7 @@ class RestoredRun(NamedTuple):
     round: int
 
 
-def restore_run(run_dir: Path, data_root: Path | None = None, overrides: dict[str, Any] | None = None) -> RestoredRun:
+def restore_run(run_dir: Path, data_root: Path | None = None) -> RestoredRun:
     """The run a run folder describes, rebuilt from its ``config.yaml`` (the same data, seeded
     split, partitions and initial model), and its global model restored from ``checkpoint.pt``
     (its last completed round).
@@ -175,8 +174,6 @@ def restore_run(run_dir: Path, data_root: Path | None = None, overrides: dict[st
     Args:
         run_dir: a FedBed run directory that finished a round.
         data_root: where the run's data is, if not where it was trained.
-        overrides: settings replacing the recorded ones, for evaluating differently (e.g.
-            ``{"linear_probe": {"labelled_fraction": 0.3}}``); the model is the one trained.
 
     Raises:
         ConfigError: no ``config.yaml`` or ``checkpoint.pt`` there, data that cannot be
@@ -186,18 +183,15 @@ def restore_run(run_dir: Path, data_root: Path | None = None, overrides: dict[st
         if not (run_dir / name).is_file():
             raise ConfigError(f"{run_dir / name} does not exist; give the directory of a FedBed run that finished a round")
     values = yaml.safe_load((run_dir / CONFIG_NAME).read_text())
-    values.update(overrides or {})
     if data_root is not None:
         values["data_root"] = str(data_root)
     built = build_run(config_from_mapping(values))
     federation = built.federation(InProcessClients(built.trainer(), []))
     try:
-        checkpoint = torch.load(run_dir / CHECKPOINT_NAME, map_location="cpu", weights_only=False)
-        federation.strategy.load_state_dict(checkpoint["strategy"])
-    except (RuntimeError, KeyError, EOFError, pickle.UnpicklingError) as error:
-        raise ConfigError(f"{run_dir / CHECKPOINT_NAME} does not fit the run its config.yaml describes: "
-                          f"{(str(error).strip().splitlines() or [type(error).__name__])[0]}") from None
-    return RestoredRun(built, federation.strategy.global_model(), int(checkpoint["round"]))
+        checkpoint_round = load_checkpoint(run_dir / CHECKPOINT_NAME, federation.strategy)
+    except EngineError as error:
+        raise ConfigError(str(error)) from None
+    return RestoredRun(built, federation.strategy.global_model(), checkpoint_round)
 
 
 def run_experiment(config: ExperimentConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True,

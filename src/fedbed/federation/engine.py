@@ -315,6 +315,26 @@ def _save_checkpoint(path: Path, round_number: int, federation: Federation) -> N
     os.replace(partial, path)
 
 
+def load_checkpoint(path: Path, strategy, clients=None) -> int:
+    """Restore ``strategy`` (and, if given, ``clients``' persistent states) from the checkpoint
+    at ``path``; return its round (1-based).
+
+    Raises:
+        EngineError: a damaged checkpoint, or one written for another run or another version of
+            the method (its arrays do not fit).
+    """
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        strategy.load_state_dict(checkpoint["strategy"])
+        if clients is not None:
+            clients.load_state_dict(checkpoint["client_states"])
+        return int(checkpoint["round"])
+    except (RuntimeError, KeyError, EOFError, pickle.UnpicklingError) as error:
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise EngineError(f"{path} does not fit this run ({first_line}); it is damaged or was written by another "
+                          "version of the method") from None
+
+
 def run_rounds(
     federation: Federation,
     *,
@@ -360,14 +380,9 @@ def run_rounds(
         if not checkpoint_path.exists():
             raise EngineError(f"cannot resume: {checkpoint_path} does not exist; run without --resume")
         try:
-            checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
-            federation.strategy.load_state_dict(checkpoint["strategy"])
-            federation.clients.load_state_dict(checkpoint["client_states"])
-        except (RuntimeError, KeyError, EOFError, pickle.UnpicklingError) as error:
-            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            raise EngineError(f"cannot resume: {checkpoint_path} does not fit this run ({first_line}); it is damaged or "
-                              "was written by another version of the method: run without --resume (--overwrite)") from None
-        start = checkpoint["round"] + 1
+            start = load_checkpoint(checkpoint_path, federation.strategy, federation.clients) + 1
+        except EngineError as error:
+            raise EngineError(f"cannot resume: {error}; run without --resume (--overwrite)") from None
         kept = [line for line in _complete_lines(log_path) if json.loads(line)["round"] < start]
         log_path.write_text("".join(line + "\n" for line in kept))
     else:
