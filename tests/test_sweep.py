@@ -3,6 +3,8 @@
 import json
 import shutil
 import sqlite3
+import os
+import socket
 import subprocess
 
 import pytest
@@ -15,7 +17,7 @@ from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.plots import plot_sweep
 from fedbed.results import query_rounds
 from fedbed.run_directory import DONE_MARKER
-from fedbed.sweep import SweepSpec, config_hash, expand, run_sweep
+from fedbed.sweep import SweepSpec, _run_job, claim_job, claim_path, config_hash, expand, release_job, run_sweep
 
 runner = CliRunner()
 
@@ -65,13 +67,13 @@ def test_sweep_skips_finished_jobs_and_resumes_an_interrupted_one(tmp_path):
     run_experiment(interrupted.model_copy(update={"rounds": 1}), progress=False, echo=lambda *_: None)
     outcome = run_sweep(spec, tmp_path, progress=False)
     data = outcome.pop("data")
-    assert outcome == {"total": 2, "skipped": 0, "ran": 2, "failed": {}, "other_code": []}
+    assert outcome == {"total": 2, "skipped": 0, "ran": 2, "held": {}, "failed": {}, "other_code": []}
     assert len(data) == 1 and data[0].startswith("embedded MNIST sample") and data[0].endswith(": 2 runs")
     lines = (interrupted.run_dir / "rounds.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == [1, 2]
     assert all((job.run_dir / DONE_MARKER).exists() for job in jobs)
     again = run_sweep(spec, tmp_path, progress=False)
-    assert again == {"total": 2, "skipped": 2, "ran": 0, "failed": {}, "other_code": [], "data": data}
+    assert again == {"total": 2, "skipped": 2, "ran": 0, "held": {}, "failed": {}, "other_code": [], "data": data}
     # A finished job that other code made is still skipped, and named.
     summary_path = jobs[0].run_dir / "summary.json"
     summary = json.loads(summary_path.read_text())
@@ -291,3 +293,42 @@ def test_a_run_begun_on_other_data_is_not_resumed_on_this(tmp_path):
              test_labels=np.arange(60) % 10)
     with pytest.raises(ConfigError, match="it ran on other data"):
         run_experiment(ExperimentConfig(rounds=2, local_steps=1, data_root=root, run_dir=tmp_path / "run"), resume=True, **quiet)
+
+
+def test_sweep_processes_sharing_a_folder_never_run_the_same_job(tmp_path):
+    spec = tiny_spec(targets=["0"], seeds=[0])
+    held_job, dead_claim_job = expand(spec, tmp_path)
+    # Another live process on this host holds the first job; a process that has exited left a
+    # claim on the second.
+    assert claim_job(held_job.run_dir) is None
+    live_claim = json.loads(claim_path(held_job.run_dir).read_text())
+    claim_path(held_job.run_dir).write_text(json.dumps({**live_claim, "pid": os.getppid()}))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    claim_path(dead_claim_job.run_dir).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid,
+                                                              "since": "2026-01-01T00:00:00Z"}))
+    outcome = run_sweep(spec, tmp_path, progress=False)
+    assert outcome["ran"] == 1 and outcome["failed"] == {} and outcome["skipped"] == 0
+    assert list(outcome["held"]) == [str(held_job.run_dir)]
+    assert f"pid {os.getppid()}" in outcome["held"][str(held_job.run_dir)]
+    assert not held_job.run_dir.exists()  # never started here
+    assert (dead_claim_job.run_dir / DONE_MARKER).exists()
+    assert not claim_path(dead_claim_job.run_dir).exists()  # the taken-over claim is released
+    # A claim from another machine cannot be checked: it is respected and named, with its file.
+    claim_path(held_job.run_dir).write_text(json.dumps({"host": "another-host", "pid": 1, "since": "2026-01-01T00:00:00Z"}))
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    result = runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "1 already done, 0 run, 1 running in another sweep process, 0 failed" in result.output
+    assert "claimed by another-host pid 1" in result.output and str(claim_path(held_job.run_dir)) in result.output
+    # Once the holder has finished the job, a sweep that listed it as pending skips it.
+    claim_path(held_job.run_dir).unlink()
+    run_experiment(held_job, progress=False, echo=lambda *_: None)
+    (held_job.run_dir / DONE_MARKER).write_text("")
+    assert _run_job(held_job, threads=1).finished_elsewhere
+    # A process releases only its own claim.
+    assert claim_job(held_job.run_dir) is None
+    claim_path(held_job.run_dir).write_text(json.dumps({"host": "another-host", "pid": 1}))
+    release_job(held_job.run_dir)
+    assert claim_path(held_job.run_dir).exists()

@@ -285,14 +285,17 @@ def sweep(
         outcome = run_sweep(spec, folder, workers=workers, progress=progress)
     except ConfigError as error:
         fail(str(error))
+    held = f"{len(outcome['held'])} running in another sweep process, " if outcome["held"] else ""
     typer.echo(f"{spec.name}: {outcome['total']} jobs, {outcome['skipped']} already done, {outcome['ran']} run, "
-               f"{len(outcome['failed'])} failed; folder {folder}")
+               f"{held}{len(outcome['failed'])} failed; folder {folder}")
     for line in outcome["data"]:
         typer.echo(f"data: {line}")
     if outcome["other_code"]:
         typer.echo(f"note: other code than this made {len(outcome['other_code'])} finished job(s), e.g. "
                    f"{outcome['other_code'][0]} (see its provenance.jsonl); to redo them with this code, delete "
                    "their folders and run the sweep again", err=True)
+    for run_dir, holder in outcome["held"].items():
+        typer.echo(f"held: {run_dir}: claimed by {holder}", err=True)
     for run_dir, error in outcome["failed"].items():
         typer.echo(f"failed: {run_dir}: {error.splitlines()[0]}", err=True)
     if outcome["failed"]:

@@ -10,8 +10,9 @@ A run folder (``runs/<dataset>/<algorithm>/<target>/seed<seed>`` or a sweep's ``
 - :data:`DONE_MARKER`: an empty file marking a finished sweep job;
 - :data:`FLOWER_LOGS`: after a failed ``flower-deployment`` run, the logs of its Flower processes.
 
-A sweep folder also holds :data:`SWEEP_RECORD` (the sweep file as run) and :data:`STORE_NAME`
-(the results index, rebuilt when read, never committed).
+A sweep folder also holds :data:`SWEEP_RECORD` (the sweep file as run), :data:`STORE_NAME`
+(the results index, rebuilt when read, never committed) and :data:`CLAIMS_FOLDER` (one file per
+job a sweep process is running now, never committed).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ DONE_MARKER = "done"
 SWEEP_RECORD = "sweep.yaml"
 STORE_NAME = "results.sqlite"
 FLOWER_LOGS = "flower-logs"
+CLAIMS_FOLDER = "claims"
 
 COMMITTED_FILES = (CONFIG_NAME, LOG_NAME, PROVENANCE_NAME, SUMMARY_NAME, DONE_MARKER)
 """The small files of a finished run that a results folder in the repository keeps."""

@@ -23,6 +23,12 @@ A variant may be limited to some of the sweep's algorithms (``only_algorithms``)
 
 Like DomainBed's sweep, a finished job has a ``done`` marker and is skipped when the sweep is
 run again; an unfinished one resumes from its checkpoint.
+
+Several sweep processes may share one sweep folder (two terminals, or machines on a shared
+disk): a process claims a job before running it by creating ``claims/<hash>`` exclusively
+(:func:`claim_job`), and skips the jobs another live process has claimed. A claim left by a
+process that died on this machine is taken over; one left on another machine is named in the
+sweep's output, to be deleted by hand once no sweep runs there.
 """
 
 from __future__ import annotations
@@ -32,10 +38,12 @@ import itertools
 import json
 import multiprocessing
 import os
+import socket
+import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -47,7 +55,7 @@ from fedbed.config import (PLACEMENT_SETTINGS, ConfigError, ExperimentConfig, co
 from fedbed.experiment import run_experiment
 from fedbed.provenance import run_sources, source_fingerprint
 from fedbed.results import VARIANT_LIMITS
-from fedbed.run_directory import CHECKPOINT_NAME, DONE_MARKER, SUMMARY_NAME, SWEEP_RECORD
+from fedbed.run_directory import CHECKPOINT_NAME, CLAIMS_FOLDER, DONE_MARKER, SUMMARY_NAME, SWEEP_RECORD
 
 PER_JOB_KEYS = ("algorithm", "target", "seed", "run_dir")
 """Settings a sweep sets per job: neither ``base`` nor a variant may hold them."""
@@ -220,19 +228,100 @@ def finished_on_other_data(jobs: list[ExperimentConfig]) -> list[str]:
     return lines
 
 
-def _run_job(config: ExperimentConfig, threads: int) -> tuple[str, str | None]:
-    """Run one job (in a worker process or in this one); return its directory and an error or None."""
+def claim_path(run_dir: Path) -> Path:
+    """The claim file of the sweep job in ``run_dir``: ``<sweep folder>/claims/<hash>``."""
+    return run_dir.parent / CLAIMS_FOLDER / run_dir.name
+
+
+def _process_is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by another user
+        return True
+    return True
+
+
+def claim_job(run_dir: Path) -> str | None:
+    """Claim the sweep job in ``run_dir`` for this process, so that no other sweep process runs it
+    at the same time; return ``None`` when claimed, else who holds it.
+
+    The claim is :func:`claim_path`, created exclusively (``O_CREAT | O_EXCL``, atomic on local
+    disks and NFSv3+) and holding ``{"host", "pid", "since"}`` as JSON. A claim whose process is
+    gone from this host is stale and taken over; a claim from another host cannot be checked and is
+    respected. Release it with :func:`release_job`.
+
+    Returns:
+        ``None``, or a description of the holder with the claim file to delete if that
+        process no longer runs, e.g. ``"host-b pid 412 since 2026-11-24T06:10:00Z (...)"``.
+    """
+    path = claim_path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    host = socket.gethostname()
+    for _ in range(2):
+        try:
+            descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                holder = json.loads(path.read_text())
+                stale = holder["host"] == host and not _process_is_alive(int(holder["pid"]))
+            except (OSError, ValueError, KeyError, TypeError):  # being written, or vanished: held
+                return f"another sweep process (claim file {path})"
+            if stale:
+                path.unlink(missing_ok=True)
+                continue
+            return (f"{holder['host']} pid {holder['pid']} since {holder.get('since', '?')} (if no sweep runs it "
+                    f"there, delete {path})")
+        with os.fdopen(descriptor, "w") as claim:
+            json.dump({"host": host, "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+                      claim)
+        return None
+    return f"another sweep process (claim file {path})"
+
+
+def release_job(run_dir: Path) -> None:
+    """Delete this process's claim on the job in ``run_dir`` (:func:`claim_job`); nothing if none."""
+    path = claim_path(run_dir)
+    try:
+        if json.loads(path.read_text()).get("pid") != os.getpid():
+            return
+    except (OSError, ValueError, AttributeError):
+        return
+    path.unlink(missing_ok=True)
+
+
+class JobOutcome(NamedTuple):
+    """What became of one pending sweep job: ``error`` (``None`` when it finished), or
+    ``held_by``, another process's claim (:func:`claim_job`), when it was not run here; ``finished_elsewhere``
+    when another process finished it after this sweep listed it."""
+
+    run_dir: str
+    error: str | None = None
+    held_by: str | None = None
+    finished_elsewhere: bool = False
+
+
+def _run_job(config: ExperimentConfig, threads: int) -> JobOutcome:
+    """Claim and run one job (in a worker process or in this one)."""
     import torch
 
-    torch.set_num_threads(threads)
     run_dir = config.run_dir
+    held_by = claim_job(run_dir)
+    if held_by:
+        return JobOutcome(str(run_dir), held_by=held_by)
     try:
+        if (run_dir / DONE_MARKER).exists():
+            return JobOutcome(str(run_dir), finished_elsewhere=True)
+        torch.set_num_threads(threads)
         resume = (run_dir / CHECKPOINT_NAME).exists()
         run_experiment(config, resume=resume, progress=False, echo=lambda *_: None)
         (run_dir / DONE_MARKER).write_text("")
-        return str(run_dir), None
+        return JobOutcome(str(run_dir))
     except Exception as error:  # a failing job is reported; the sweep goes on
-        return str(run_dir), f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=3)}"
+        return JobOutcome(str(run_dir), error=f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=3)}")
+    finally:
+        release_job(run_dir)
 
 
 def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, progress: bool = True) -> dict[str, Any]:
@@ -251,8 +340,10 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, progress: bool
             (:func:`finished_on_other_data`), or ``workers < 1``.
 
     Returns:
-        ``{"total", "skipped", "ran", "failed": {run_dir: error}, "other_code": [run_dir], "data": [line]}``
-        (``data``: :func:`fedbed.reporting.data_sources` of the finished jobs);
+        ``{"total", "skipped", "ran", "held": {run_dir: holder}, "failed": {run_dir: error}, "other_code": [run_dir],
+        "data": [line]}``: ``held`` are the jobs another sweep process had claimed (:func:`claim_job`),
+        not run here; ``skipped`` counts the jobs finished before this sweep or, meanwhile, by another
+        process; ``data`` is :func:`fedbed.reporting.data_sources` of the finished jobs;
         ``other_code`` lists the finished jobs (skipped, or run now from a checkpoint) that other
         code than this one started or resumed (:func:`made_by_other_code`): their numbers may
         differ from what this code gives.
@@ -269,22 +360,28 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, progress: bool
     pending = [job for job in jobs if not (job.run_dir / DONE_MARKER).exists()]
     threads = max(1, (os.cpu_count() or 1) // workers)
     failed: dict[str, str] = {}
+    held: dict[str, str] = {}
+    finished_elsewhere = 0
     bar = tqdm(total=len(jobs), initial=len(jobs) - len(pending), desc=spec.name, unit="job", disable=not progress)
+
+    def record(outcome: JobOutcome) -> None:
+        nonlocal finished_elsewhere
+        if outcome.error:
+            failed[outcome.run_dir] = outcome.error
+        if outcome.held_by:
+            held[outcome.run_dir] = outcome.held_by
+        finished_elsewhere += outcome.finished_elsewhere
+        bar.update(1)
+
     if workers == 1:
-        outcomes = (_run_job(job, threads) for job in pending)
-        for run_dir, error in outcomes:
-            if error:
-                failed[run_dir] = error
-            bar.update(1)
+        for job in pending:
+            record(_run_job(job, threads))
     else:
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(_run_job, job, threads) for job in pending]
             try:
                 for future in as_completed(futures):
-                    run_dir, error = future.result()
-                    if error:
-                        failed[run_dir] = error
-                    bar.update(1)
+                    record(future.result())
             except BaseException:  # Ctrl-C, SIGTERM, SIGHUP: stop the workers now, not after their jobs
                 pool.shutdown(wait=False, cancel_futures=True)
                 for worker in multiprocessing.active_children():
@@ -295,7 +392,9 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, progress: bool
     from fedbed.reporting import data_sources
 
     summaries = [json.loads((run_dir / SUMMARY_NAME).read_text()) for run_dir in finished]
-    return {"total": len(jobs), "skipped": len(jobs) - len(pending), "ran": len(pending), "failed": failed,
+    skipped = len(jobs) - len(pending) + finished_elsewhere
+    return {"total": len(jobs), "skipped": skipped, "ran": len(pending) - finished_elsewhere - len(held),
+            "held": held, "failed": failed,
             "other_code": [str(run_dir) for run_dir in finished if made_by_other_code(run_dir)],
             "data": data_sources(summaries)[0]}
 
