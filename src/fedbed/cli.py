@@ -136,7 +136,7 @@ def run(
         configs = [config_from_mapping({**values, "target": t}) for t in targets]
         if len(configs) > 1:  # every target's run is checked before the first starts (run_on_backend checks one)
             for each in configs:
-                check_before_running(each, backend, resume=resume and backend == "in-process", check_folder=not overwrite)
+                check_before_running(each, backend, resume=resume, check_folder=not overwrite)
     except (ConfigError, DataError) as error:
         fail(str(error))
     for each in configs:
