@@ -10,7 +10,7 @@ labelled share trains the probe): FedGaLA's evaluation protocol (``fedgala.md`` 
 line per domain, the target's last: the mean ± std over the probe seeds (``repeats``).
 
     python benchmarks/linear_probe.py RUN_DIR [--encoder trained|untrained]
-        [--labelled-fraction 0.3] [--repeats 5] [--data-root DATA]
+        [--labelled-fraction 0.3] [--repeats 5] [--standardize-features] [--data-root DATA]
 """
 
 from __future__ import annotations
@@ -32,11 +32,15 @@ def main() -> None:
     parser.add_argument("--labelled-fraction", type=float, default=None,
                         help="share of each domain whose labels train the probe (default: the run's; FedGaLA: 0.1, 0.3)")
     parser.add_argument("--repeats", type=int, default=None, help="probe seeds (default: the run's)")
+    parser.add_argument("--standardize-features", action="store_true",
+                        help="z-score the features with the labelled share's statistics (LinearProbe.standardize_features)")
     parser.add_argument("--data-root", type=Path, default=None, help="the data root the run read (default: $FEDBED_DATA)")
     arguments = parser.parse_args()
     torch.set_num_threads(1)
     probe_changes = {key: value for key, value in (("labelled_fraction", arguments.labelled_fraction),
-                                                   ("repeats", arguments.repeats)) if value is not None}
+                                                   ("repeats", arguments.repeats),
+                                                   ("standardize_features", arguments.standardize_features or None))
+                     if value is not None}
     built, trained, _ = restore_run(arguments.run_dir, arguments.data_root)
     if built.probe is None:
         raise SystemExit(f"{arguments.run_dir} is not scored by the linear probe; nothing to compare")
@@ -45,7 +49,8 @@ def main() -> None:
     federation = built.federation(clients=None)
     names, classes, seed = built.dataset.domain_names, built.dataset.num_classes, built.config.seed
     print(f"{arguments.encoder} encoder of {arguments.run_dir}, linear probe: {probe.labelled_fraction:.0%} labelled, "
-          f"{probe.repeats} probe seed(s), {probe.epochs} epochs")
+          f"{probe.repeats} probe seed(s), {probe.epochs} epochs, "
+          f"{'standardized' if probe.standardize_features else 'raw'} features")
     for kind, domains in (("id", federation.holdout), ("target (reads target labels)", federation.target)):
         for domain, data in domains.items():
             scores = probe.scores(model, data, classes, seed, domain)

@@ -70,6 +70,40 @@ def test_repeated_probes_each_score_their_own_share_and_the_accuracy_is_their_me
     assert probe.accuracy(identity_model(), corrupted, 2, seed=3, domain=1) == pytest.approx(sum(scores) / 3)
 
 
+def test_standardized_features_make_the_probe_blind_to_the_encoders_scale():
+    # Features z-scored with the labelled share's statistics only: mean 0 and std 1 there.
+    probe = LinearProbe(labelled_fraction=0.25, epochs=30, learning_rate=0.05, repeats=2, standardize_features=True)
+    data = separable()
+    features = data.outputs_of(nn.Flatten())
+    labelled, test = probe.split(len(data), seed=3, domain=1, repeat=0)
+    inputs = probe.probe_inputs(features, labelled)
+    assert torch.allclose(inputs[labelled].mean(dim=0), torch.zeros(4), atol=1e-6)
+    assert torch.allclose(inputs[labelled].std(dim=0), torch.ones(4), atol=1e-5)
+    # The test rows' statistics are never used: moving a test row leaves the others unchanged.
+    moved = features.clone()
+    moved[test[0]] += 100.0
+    assert torch.equal(probe.probe_inputs(moved, labelled)[labelled], inputs[labelled])
+
+    # An encoder whose features are 1000 times larger and shifted scores the same standardized,
+    # and differently raw (Adam at this rate is not scale-free over 30 epochs).
+    def encoder(scale, shift):
+        return DomainClassifier(nn.Sequential(nn.Flatten(), Affine(scale, shift)), nn.Linear(4, 2), 4)
+
+    small, large = encoder(0.001, 0.0), encoder(1.0, 50.0)
+    assert probe.scores(small, data, 2, seed=3, domain=1) == probe.scores(large, data, 2, seed=3, domain=1)
+    raw = probe.model_copy(update={"standardize_features": None})
+    assert raw.scores(small, data, 2, seed=3, domain=1) != raw.scores(large, data, 2, seed=3, domain=1)
+
+
+class Affine(nn.Module):
+    def __init__(self, scale: float, shift: float) -> None:
+        super().__init__()
+        self.scale, self.shift = scale, shift
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features * self.scale + self.shift
+
+
 def test_a_linear_probe_run_says_it_reads_target_labels(tmp_path):
     config = ExperimentConfig(model="lenet", rounds=1, local_steps=2, batch_size=16, run_dir=tmp_path,
                               evaluation_protocol="linear_probe", linear_probe={"epochs": 5})

@@ -6,6 +6,15 @@ labelled share of a domain's samples and tested on the rest of that domain (FedG
 learning rate 3e-3; the linear evaluation of SimCLR, Chen et al. 2020, Sec. 4). On the target
 domain this reads target labels, which every output of a run using it states; on the source
 domains' id holdouts it does not, so model selection by ``train_domain_val`` stays target-free.
+
+The paper trains the probe on the encoder's raw features. Its ResNet-18 ends in batch
+normalisation, which keeps their scale near one; an encoder without normalisation layers (hFedF's
+client CNN) gives features whose scale ranges from about 0.02 per dimension untrained to 20
+after self-supervised training, and 100 epochs of Adam at 3e-3 then under-train the probe on the
+small features and train it unstably on the large ones. ``standardize_features`` z-scores
+each feature with the labelled share's mean and standard deviation first: the probe's function
+class is unchanged (an affine map of the features followed by a linear layer is a linear layer),
+only its optimisation's conditioning is (``docs/results/pacs32-fedgala.md`` measures both).
 """
 
 from __future__ import annotations
@@ -34,6 +43,9 @@ class LinearProbe(BaseModel):
         batch_size: samples per probe step.
         repeats: probes trained per evaluation, each on its own seeded share; the score is their
             mean (the paper repeats over a few seeds and reports mean ± std).
+        standardize_features: z-score each feature dimension with the labelled share's mean and
+            standard deviation (floored at 1e-6) before training and testing the probe (see the
+            module docstring); unset or false: the raw features, as the paper.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -43,6 +55,7 @@ class LinearProbe(BaseModel):
     learning_rate: float = Field(3e-3, gt=0)
     batch_size: int = Field(256, gt=0)
     repeats: int = Field(1, gt=0)
+    standardize_features: bool | None = None
 
     def split(self, size: int, seed: int, domain: int, repeat: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(labelled indices, test indices)`` of a domain's ``size`` samples: a seeded draw of
@@ -86,12 +99,23 @@ class LinearProbe(BaseModel):
         scores = []
         for repeat in range(self.repeats):
             labelled, test = self.split(len(data), seed, domain, repeat)
-            probe = self._train(features[labelled], data.targets[labelled], num_classes,
+            inputs = self.probe_inputs(features, labelled)
+            probe = self._train(inputs[labelled], data.targets[labelled], num_classes,
                                 seeded_generator(seed, PROBE_PURPOSE, domain, repeat, 1))
             with torch.no_grad():
-                predicted = probe(features[test]).argmax(dim=1)
+                predicted = probe(inputs[test]).argmax(dim=1)
             scores.append(100.0 * float((predicted == data.targets[test]).float().mean()))
         return scores
+
+    def probe_inputs(self, features: torch.Tensor, labelled: torch.Tensor) -> torch.Tensor:
+        """The probe's inputs: ``features`` ``[n, d]`` as they are, or, with
+        :attr:`standardize_features`, z-scored per dimension with the mean and standard deviation
+        of the ``labelled`` rows (never the test rows'), the deviation floored at 1e-6."""
+        if not self.standardize_features:
+            return features
+        share = features[labelled]
+        deviation = share.std(dim=0) if len(labelled) > 1 else torch.ones(features.shape[1])
+        return (features - share.mean(dim=0)) / deviation.clamp_min(1e-6)
 
     def _train(self, features: torch.Tensor, labels: torch.Tensor, num_classes: int, generator: torch.Generator) -> nn.Linear:
         """A linear classifier ``[d] -> [num_classes]`` trained with Adam on frozen features."""
