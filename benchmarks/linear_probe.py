@@ -7,7 +7,10 @@ selection) or the seeded initial model its training started from, with the linea
 (``fedbed.federation.linear_probe``; the run's settings unless changed here) on each source
 domain's id holdout and on the target domain. **On the target this reads target labels** (the
 labelled share trains the probe): FedGaLA's evaluation protocol (``fedgala.md`` Sec. 4). Prints one
-line per domain, the target's last: the mean ± std over the probe seeds (``repeats``).
+line per domain, the target's last: the mean ± std over the probe seeds (``repeats``); then the
+scale of the target's features (median over dimensions of their standard deviation) and their
+effective rank (Roy and Vetterli 2007: exp of the entropy of the normalised squared singular
+values of the centred features; the feature width if every direction carries equal variance).
 
     python benchmarks/linear_probe.py RUN_DIR [--encoder trained|untrained]
         [--labelled-fraction 0.3] [--repeats 5] [--standardize-features] [--data-root DATA]
@@ -56,6 +59,17 @@ def main() -> None:
             scores = probe.scores(model, data, classes, seed, domain)
             spread = statistics.stdev(scores) if len(scores) > 1 else 0.0
             print(f"{kind} {names[domain]}: {statistics.mean(scores):.1f} ± {spread:.1f}")
+    for domain, data in federation.target.items():
+        features = data.outputs_of(model.featurizer)
+        print(f"target {names[domain]} features: median per-dimension std {features.std(dim=0).median():.3g}, "
+              f"effective rank {effective_rank(features):.1f} of {features.shape[1]}")
+
+
+def effective_rank(features: torch.Tensor) -> float:
+    """Roy and Vetterli's effective rank of ``features`` ``[n, d]`` (centred): in [1, min(n, d)]."""
+    squared = torch.linalg.svdvals(features - features.mean(dim=0)) ** 2
+    shares = squared / squared.sum()
+    return float(torch.exp(-(shares * shares.clamp_min(1e-12).log()).sum()))
 
 
 if __name__ == "__main__":
