@@ -39,7 +39,7 @@ def check_before_running(config: ExperimentConfig, backend: str, *, resume: bool
 
 def run_on_backend(config: ExperimentConfig, backend: str, *, overwrite: bool = False, **options: Any) -> RunResult:
     """Run ``config`` in-process (the default), on ``flower-sim`` or on ``flower-deployment``;
-    return the run as data (:class:`fedbed.results.RunResult`, also its summary as a mapping).
+    return the run as data (:class:`fedbed.run_result.RunResult`, also its summary as a mapping).
 
     The run directory is checked before any data is loaded or any Flower process starts
     (:func:`fedbed.experiment.check_run_dir`); with ``overwrite`` an earlier run there is deleted.

@@ -197,7 +197,7 @@ def restore_run(run_dir: Path, data_root: Path | None = None) -> RestoredRun:
 def run_experiment(config: ExperimentConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
                    echo=print) -> RunResult:
     """Train and evaluate one leave-one-domain-out run in this process; write its run directory;
-    return it as data (:class:`fedbed.results.RunResult`: the settings, the summary, which it
+    return it as data (:class:`fedbed.run_result.RunResult`: the settings, the summary, which it
     also is as a mapping, and the per-round, per-domain scores as a ``pandas.DataFrame``).
 
     An earlier run in the run directory with other settings is refused unless ``overwrite``
