@@ -24,8 +24,8 @@ A variant may be limited to some of the sweep's algorithms (``only_algorithms``)
 Like DomainBed's sweep, a finished job has a ``done`` marker and is skipped when the sweep is
 run again; an unfinished one resumes from its checkpoint.
 
-Several sweep processes may share one sweep folder (two terminals, or machines on a shared
-disk): a process claims a job before running it by creating ``claims/<hash>`` exclusively
+Several sweep processes may share one sweep folder (machines on a shared disk, or a sweep
+started again while an earlier one still runs): a process claims a job before running it by creating ``claims/<hash>`` exclusively
 (:func:`claim_job`), and skips the jobs another live process has claimed. A claim left by a
 process that died on this machine is taken over; one left on another machine is named in the
 sweep's output, to be deleted by hand once no sweep runs there.
