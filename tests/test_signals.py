@@ -54,8 +54,11 @@ def test_a_signal_stops_an_in_process_run_which_resumes_from_its_checkpoint(tmp_
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "fedbed", "run", "--model", "lenet", "--rounds", "40", "--local-steps", "3",
                "--run-dir", str(run_dir), "--no-progress"]
+    # A shell starts background jobs with SIGINT ignored, and Python keeps an ignored SIGINT (as
+    # it should); the run under test gets the default disposition, as from a terminal.
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+                           env={**os.environ, "OMP_NUM_THREADS": "1"},
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_for(lambda: rounds_logged(run_dir) >= 2, 120, "two rounds")
         job.send_signal(signal_number)
