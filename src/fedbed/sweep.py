@@ -25,8 +25,9 @@ Like DomainBed's sweep, a finished job has a ``done`` marker and is skipped when
 run again; an unfinished one resumes from its checkpoint.
 
 Several sweep processes may share one sweep folder (machines on a shared disk, or a sweep
-started again while an earlier one still runs): a process claims a job before running it by creating ``claims/<hash>`` exclusively
-(:func:`claim_job`), and skips the jobs another live process has claimed. A claim left by a
+started again while an earlier one still runs): a process claims a job before running it by
+creating ``claims/<hash>`` exclusively (:func:`claim_job`), and skips the jobs another live
+process has claimed. A claim left by a
 process that died on this machine is taken over; one left on another machine is named in the
 sweep's output, to be deleted by hand once no sweep runs there.
 """
