@@ -59,6 +59,25 @@ def test_expand_orders_jobs_by_seed_then_target(tmp_path):
         tiny_spec(hp={"ppdg": {"alignment_lambda": []}})
 
 
+def test_threads_per_job_default_to_cores_over_workers_and_can_be_set(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    spec = tiny_spec(algorithms=["fedavg"], targets=["0"], seeds=[0], hp={})
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(ConfigError, match="--threads must be at least 1"):
+            run_sweep(spec, tmp_path / "bad", threads=0, progress=False)
+        for folder, setting, expected in (("default", None, 4), ("one", 1, 1)):
+            run_sweep(spec, tmp_path / folder, threads=setting, progress=False)
+            (job,) = expand(spec, tmp_path / folder)
+            starts = [json.loads(line) for line in (job.run_dir / "provenance.jsonl").read_text().splitlines()]
+            assert [start["torch_threads"] for start in starts] == [expected]
+    finally:
+        torch.set_num_threads(threads)
+    assert not (tmp_path / "bad").exists()
+
+
 def test_sweep_skips_finished_jobs_and_resumes_an_interrupted_one(tmp_path):
     spec = tiny_spec(targets=["0"], seeds=[0])
     jobs = expand(spec, tmp_path)

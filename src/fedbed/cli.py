@@ -269,6 +269,8 @@ def sweep(
     sweep_file: Annotated[Path, typer.Argument(help="YAML sweep file (see docs/sweeps/).")],
     out: Annotated[Optional[Path], typer.Option(help="Sweep folder (default: runs/sweeps/<name>).")] = None,
     workers: Annotated[int, typer.Option(help="Parallel jobs; torch threads per job = cores // workers.")] = 1,
+    threads: Annotated[Optional[int], typer.Option(
+        help="Torch threads per job (default cores // workers); 1 when another sweep process shares the cores.")] = None,
     data_root: Annotated[Optional[Path], typer.Option(help="Dataset folder (default: $FEDBED_DATA).")] = None,
     progress: Annotated[bool, typer.Option(help="Show the overall progress bar (on a terminal only).")] = True,
 ) -> None:
@@ -282,7 +284,7 @@ def sweep(
         if data_root is not None:
             spec = spec.model_copy(update={"base": {**spec.base, "data_root": str(data_root)}})
         folder = out or Path("runs") / "sweeps" / spec.name
-        outcome = run_sweep(spec, folder, workers=workers, progress=progress)
+        outcome = run_sweep(spec, folder, workers=workers, threads=threads, progress=progress)
     except ConfigError as error:
         fail(str(error))
     held = f"{len(outcome['held'])} running in another sweep process, " if outcome["held"] else ""

@@ -325,7 +325,8 @@ def _run_job(config: ExperimentConfig, threads: int) -> JobOutcome:
         release_job(run_dir)
 
 
-def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, progress: bool = True) -> dict[str, Any]:
+def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, threads: int | None = None,
+              progress: bool = True) -> dict[str, Any]:
     """Run every unfinished job of the sweep.
 
     Args:
@@ -334,11 +335,13 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, progress: bool
         workers: parallel processes; each gets ``max(1, cores // workers)`` torch threads so that
             workers x threads never exceeds the cores (oversubscribing 2 cores slows every job
             several times).
+        threads: torch threads per job instead of ``cores // workers``: ``1`` when other processes
+            (another sweep on the same folder, a second sweep) share the machine's cores.
         progress: one overall progress bar (jobs done / total, ETA).
 
     Raises:
         ConfigError: finished jobs made from other data than the sweep reads now
-            (:func:`finished_on_other_data`), or ``workers < 1``.
+            (:func:`finished_on_other_data`), ``workers < 1`` or ``threads < 1``.
 
     Returns:
         ``{"total", "skipped", "ran", "held": {run_dir: holder}, "failed": {run_dir: error}, "other_code": [run_dir],
@@ -351,6 +354,8 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, progress: bool
     """
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
+    if threads is not None and threads < 1:
+        raise ConfigError(f"--threads must be at least 1, got {threads}; leave it out for cores // workers")
     jobs = expand(spec, sweep_dir)
     other_data = finished_on_other_data(jobs)
     if other_data:
@@ -359,7 +364,7 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, progress: bool
     sweep_dir.mkdir(parents=True, exist_ok=True)
     (sweep_dir / SWEEP_RECORD).write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     pending = [job for job in jobs if not (job.run_dir / DONE_MARKER).exists()]
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    threads = threads or max(1, (os.cpu_count() or 1) // workers)
     failed: dict[str, str] = {}
     held: dict[str, str] = {}
     finished_elsewhere = 0
