@@ -42,8 +42,17 @@ def test_krum_picks_the_most_central_honest_model_and_multi_krum_averages_the_ho
     # Sum of squared distances to the K - f - 2 = 2 nearest others: client 0 (1.0) has
     # 2·0.05² + 2·0.1² = 0.025, client 3 (1.05) 0.05, client 2 (0.9) 0.065, client 1 (1.2) 0.125.
     assert telemetry["selected"] == [0] and torch.equal(state["w"], MODELS[0]["w"])
-    state, _ = aggregate("multi_krum", byzantine_clients=1)  # the K - f = 4 best: every honest client
+    state, telemetry = aggregate("multi_krum", byzantine_clients=1)  # the K - f = 4 best: every honest client
     assert torch.allclose(state["w"], torch.tensor([1.0375, -1.0375])) and state["steps"].item() == 3
+    assert telemetry["selected"] == [0, 1, 2, 3] and set(state) == {"w", "steps"}
+    # With f = 2 of 7 clients it keeps 5: the Byzantine client (far away) and the one honest
+    # client farthest from the rest (1.6; the others lie within 0.2 of 1) are left out.
+    values = [1.0, 1.2, 0.9, 1.05, 100.0, 1.1, 1.6]
+    models = [{"w": torch.tensor([value, -value])} for value in values]
+    state, telemetry = RobustAggregation("multi_krum", byzantine_clients=2).aggregate(
+        ClientModels({"w": torch.zeros(2)}, list(range(10, 17)), models, [10] * 7, 1, torch.Generator()))
+    assert telemetry["selected"] == [10, 11, 12, 13, 15]
+    assert torch.allclose(state["w"], torch.tensor([5.25 / 5, -5.25 / 5]))
 
 
 @pytest.mark.parametrize("rule, clients, options, message", [

@@ -11,6 +11,11 @@ the round's client models are combined by
   ``aggregate_krum(..., to_keep=0)``;
 - ``multi_krum``: the n_k-weighted mean of the ``K − f`` models with the best Krum scores
   (Blanchard et al. 2017, Multi-Krum with m = n − f), ``aggregate_krum(..., to_keep=K − f)``.
+  Flower returns the mean only; to log which clients it kept, each client's model carries one
+  more array, a marker: ``MULTI_KRUM_MARKER`` at the client's own position, zeros elsewhere. The
+  markers add at most ``2 · MULTI_KRUM_MARKER²`` (about 2e-24) to a squared distance, far below
+  float32's resolution of any two models that differ, and the mean of the markers is non-zero
+  exactly at the kept clients.
 
 Median, trimmed mean and Krum ignore the clients' sizes n_k (as Flower's functions do). The
 rules are applied to every array of the state dict; their results are cast back to each array's
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy
 import torch
 
 from fedbed.algorithms.model_aggregation import ClientModels, ModelAggregation
@@ -36,6 +42,10 @@ DEFAULT_TRIMMED_FRACTION = 0.2
 
 DEFAULT_BYZANTINE_CLIENTS = 1
 """f of ``krum`` and ``multi_krum`` when the run does not set ``byzantine_clients``."""
+
+MULTI_KRUM_MARKER = 2.0 ** -40
+"""The value that marks a client's own position in the extra array Multi-Krum averages (module
+docstring): small enough to leave the Krum scores as they are, large enough to survive the mean."""
 
 
 def check_robust_aggregation(rule: str, clients_per_round: int, trimmed_fraction: float = DEFAULT_TRIMMED_FRACTION,
@@ -82,7 +92,8 @@ class RobustAggregation(ModelAggregation):
 
         Returns:
             ``(state dict, {"robust_aggregation": rule, "selected": [client]})``; ``selected``
-            names Krum's chosen client (``None`` for the other rules, which mix coordinates).
+            names Krum's chosen client, or Multi-Krum's ``K − f`` kept clients in the order of
+            ``models.clients`` (``None`` for the rules that mix coordinates).
 
         Raises:
             fedbed.federation.strategy.TooFewReplies: fewer replies than the rule needs
@@ -109,7 +120,10 @@ class RobustAggregation(ModelAggregation):
             combined = aggregate_krum(results, self.byzantine_clients, 0)
             selected = [clients[next(i for i, (model, _) in enumerate(results) if model is combined)]]
         else:
-            combined = aggregate_krum(results, self.byzantine_clients, len(results) - self.byzantine_clients)
+            marked = [([*arrays, MULTI_KRUM_MARKER * numpy.eye(len(results), dtype=numpy.float32)[index]], weight)
+                      for index, (arrays, weight) in enumerate(results)]
+            *combined, markers = aggregate_krum(marked, self.byzantine_clients, len(results) - self.byzantine_clients)
+            selected = [client for client, marker in zip(clients, markers) if marker != 0]
         state = {}
         for name, value in zip(names, combined):
             tensor = torch.as_tensor(value, dtype=torch.float64 if not current[name].is_floating_point() else None)
