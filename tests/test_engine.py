@@ -10,7 +10,7 @@ from fedbed.algorithms.fedavg import FedAvg
 from fedbed.algorithms.local_training import SupervisedTrainer
 from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.federation.engine import EngineError, run_rounds
-from fedbed.federation.evaluation import select_round
+from fedbed.federation.evaluation import mean_of_last_evaluations, select_round
 from fedbed.federation.messages import Reply
 from tests.conftest import build_federation
 
@@ -105,6 +105,19 @@ def test_selection_rules_on_a_synthetic_log():
     assert oracle["round"] == 1 and oracle["selection"] == "oracle"
     with pytest.raises(ValueError):
         select_round(log, "best")
+
+
+def test_the_mean_of_the_last_five_evaluations_by_hand():
+    nan = float("nan")
+    log = [{"round": r, "metric": "accuracy", "id": {"a": 10.0 * r, "b": nan if r == 6 else 1.0},
+            "ood": {"t": float(r)}, "id_mean": 5.0 * r, "ood_mean": float(r)} for r in range(1, 7)]
+    mean = mean_of_last_evaluations(log)  # rounds 2-6: ood (2+3+4+5+6)/5 = 4; id a 40; b's NaN left out
+    assert mean["rounds"] == [2, 3, 4, 5, 6] and mean["round"] == 6 and mean["selection"] == "last_five_mean"
+    assert mean["ood"] == {"t": 4.0} and mean["ood_mean"] == 4.0 and mean["id"] == {"a": 40.0, "b": 1.0}
+    assert mean["id_mean"] == 20.0
+    assert mean_of_last_evaluations(log[:2])["ood_mean"] == 1.5  # fewer than five: all of them
+    with pytest.raises(ValueError, match="no evaluated round"):
+        mean_of_last_evaluations([])
 
 
 class DomainRecordingTrainer(SupervisedTrainer):

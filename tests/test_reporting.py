@@ -32,8 +32,9 @@ def test_table_and_pairing():
     assert paired_pairs(runs, "a", "b", "last") == ([10, 30], [5, 7])
 
 
-def write_sweep(folder, runs, grid):
-    """A sweep folder with a record varying ``grid`` and one run folder per (algorithm, hp, target, seed, id, ood)."""
+def write_sweep(folder, runs, grid, logs=None):
+    """A sweep folder with a record varying ``grid`` and one run folder per (algorithm, hp, target, seed, id, ood);
+    ``logs``, if given, holds per run the ood accuracies of its evaluated rounds (its ``rounds.jsonl``)."""
     import json
 
     import yaml
@@ -47,6 +48,31 @@ def write_sweep(folder, runs, grid):
         (run / "config.yaml").write_text(yaml.safe_dump({"algorithm": algorithm, "hp": hp}))
         (run / "summary.json").write_text(json.dumps({"algorithm": algorithm, "hp": hp, "target": target, "seed": seed,
                                                        "selection": scores}))
+        if logs is not None:
+            records = [{"round": r, "evaluation": {"round": r, "id": {"s": id_score}, "ood": {target: accuracy},
+                                                   "id_mean": id_score, "ood_mean": accuracy}}
+                       for r, accuracy in enumerate(logs[number], start=1)]
+            (run / "rounds.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+
+
+def test_a_report_scores_the_mean_of_the_last_five_evaluations(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedbed.cli import app
+
+    runs = [("fedavg", {}, "a", 0, 70, 30.0), ("fedavg", {}, "a", 1, 70, 10.0)]
+    # Seed 0's last five evaluations average 22 (its last is 30); seed 1's average 12.
+    logs = [[90.0, 20.0, 20.0, 20.0, 20.0, 30.0], [12.0, 12.0, 12.0, 12.0, 12.0]]
+    write_sweep(tmp_path / "sweep", runs, {}, logs)
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--selection", "last_five_mean"])
+    assert result.exit_code == 0, result.output
+    assert "| fedavg | 17.0 ± 7.1 | 17.0 |" in result.output and "(last_five_mean, ± std over seeds)" in result.output
+    assert "| fedavg | 20.0 ± 14.1 | 20.0 |" in CliRunner().invoke(app, ["report", str(tmp_path / "sweep"),
+                                                                         "--selection", "last"]).output
+    write_sweep(tmp_path / "unlogged", runs, {})  # summaries without their rounds.jsonl
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "unlogged"), "--selection", "last_five_mean"])
+    assert result.exit_code == 2 and "holds no evaluation; choose --selection last" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_select_hparams_chooses_by_source_validation_per_target(tmp_path):

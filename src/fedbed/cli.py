@@ -338,7 +338,9 @@ def results(
 @app.command()
 def report(
     sweep_dir: Annotated[Path, typer.Argument(help="A sweep folder.")],
-    selection: Annotated[str, typer.Option(help="Model selection: last, train_domain_val or oracle.")] = "train_domain_val",
+    selection: Annotated[str, typer.Option(
+        help="Model selection: last, train_domain_val, oracle, or last_five_mean (mean of the last five evaluations).")
+    ] = "train_domain_val",
     spread: Annotated[str, typer.Option(help="'std' (over seeds) or 'se' (standard error).")] = "std",
     baseline: Annotated[Optional[str], typer.Option(help="Label to t-test every other label against.")] = None,
     format: Annotated[str, typer.Option(
@@ -350,7 +352,7 @@ def report(
     allow_mixed_data: Annotated[bool, typer.Option(help="Report runs that read different data together.")] = False,
 ) -> None:
     """Tables of a sweep: algorithms x targets, mean ± std or ± SE over seeds, paired t-tests."""
-    from fedbed.federation.evaluation import SELECTION_RULES
+    from fedbed.federation.evaluation import REPORT_SELECTIONS
     from fedbed.reporting import (
         RENDERERS,
         collect_summaries,
@@ -365,8 +367,8 @@ def report(
         to_csv,
     )
 
-    if selection not in SELECTION_RULES:
-        fail(f"unknown selection {selection!r}; choose one of {', '.join(SELECTION_RULES)}")
+    if selection not in REPORT_SELECTIONS:
+        fail(f"unknown selection {selection!r}; choose one of {', '.join(REPORT_SELECTIONS)}")
     if spread not in ("std", "se"):
         fail(f"--spread must be 'std' or 'se', got {spread!r}")
     if format not in (*RENDERERS, "csv"):

@@ -156,8 +156,12 @@ def paired_pairs(
 def labelled_summaries(sweep_dir: Path) -> list[dict[str, Any]]:
     """The summaries below ``sweep_dir``, each with a ``label`` (see :func:`fedbed.results.run_label`)
     and a ``group``: the label without the hyperparameters the sweep's grid varies (the method,
-    and its variant), among whose runs :func:`select_hyperparameters` chooses."""
+    and its variant), among whose runs :func:`select_hyperparameters` chooses, and its ``run_dir``.
+    Their ``selection`` also holds the report-only
+    :data:`~fedbed.federation.evaluation.LAST_FIVE_MEAN`, computed from each run's ``rounds.jsonl``."""
+    from fedbed.federation.evaluation import LAST_FIVE_MEAN, mean_of_last_evaluations
     from fedbed.results import run_label, sweep_variants, varied_hyperparameters, variant_of
+    from fedbed.run_result import read_log
 
     varied, variants = varied_hyperparameters(sweep_dir), sweep_variants(sweep_dir)
     summaries = []
@@ -168,6 +172,10 @@ def labelled_summaries(sweep_dir: Path) -> list[dict[str, Any]]:
         variant = variant_of(config, variants)
         summary["label"] = run_label(summary["algorithm"], summary.get("hp", {}), varied.get(summary["algorithm"], []), variant)
         summary["group"] = run_label(summary["algorithm"], {}, [], variant)
+        evaluations = [record["evaluation"] for record in read_log(path.parent) if record.get("evaluation")]
+        if evaluations:  # a finished run logged them; a summary without its log has none
+            summary["selection"][LAST_FIVE_MEAN] = mean_of_last_evaluations(evaluations)
+        summary["run_dir"] = str(path.parent)
     return summaries
 
 
@@ -179,7 +187,7 @@ def select_hyperparameters(summaries: list[dict[str, Any]], selection: str) -> t
 
     Args:
         summaries: :func:`labelled_summaries`.
-        selection: ``last`` or ``train_domain_val``.
+        selection: ``last``, ``train_domain_val`` or ``last_five_mean``.
 
     Returns:
         ``(the chosen runs, relabelled by their group; rows (header first) of the choices)``.
@@ -188,7 +196,7 @@ def select_hyperparameters(summaries: list[dict[str, Any]], selection: str) -> t
         ValueError: ``selection`` is ``oracle`` (it would choose by target accuracy).
     """
     if selection == "oracle":
-        raise ValueError("--select-hparams chooses by source-domain validation; use --selection last or train_domain_val")
+        raise ValueError("--select-hparams chooses by source-domain validation; use --selection last, train_domain_val or last_five_mean")
     candidates: dict[tuple[str, str], dict[str, list[float]]] = {}
     for summary in summaries:
         scores = candidates.setdefault((summary["group"], summary["target"]), {})
@@ -232,11 +240,16 @@ def report_summaries(sweep_dir: Path, selection: str, select_hparams: bool = Fal
     hyperparameter choices (:func:`select_hyperparameters`; else ``None``).
 
     Raises:
-        ValueError: no finished run below ``sweep_dir``, or ``select_hparams`` with ``oracle``.
+        ValueError: no finished run below ``sweep_dir``, a run without the ``selection`` (``last_five_mean``
+            of a run whose ``rounds.jsonl`` is missing), or ``select_hparams`` with ``oracle``.
     """
     summaries = labelled_summaries(sweep_dir)
     if not summaries:
         raise ValueError(f"{sweep_dir} holds no finished run (no {SUMMARY_NAME})")
+    unlogged = [summary["run_dir"] for summary in summaries if selection not in summary["selection"]]
+    if unlogged:
+        raise ValueError(f"{len(unlogged)} run(s) cannot be scored by {selection}, e.g. {unlogged[0]}: its rounds.jsonl "
+                         "holds no evaluation; choose --selection last or train_domain_val")
     if not select_hparams:
         return summaries, None
     return select_hyperparameters(summaries, selection)
