@@ -71,7 +71,7 @@ def test_a_report_scores_the_mean_of_the_last_five_evaluations(tmp_path):
                                                                          "--selection", "last"]).output
     write_sweep(tmp_path / "unlogged", runs, {})  # summaries without their rounds.jsonl
     result = CliRunner().invoke(app, ["report", str(tmp_path / "unlogged"), "--selection", "last_five_mean"])
-    assert result.exit_code == 2 and "holds no evaluation; choose --selection last" in result.output
+    assert result.exit_code == 2 and "is missing or holds no evaluation; choose --selection last" in result.output
     assert "Traceback" not in result.output
 
 

@@ -53,6 +53,16 @@ def test_krum_picks_the_most_central_honest_model_and_multi_krum_averages_the_ho
         ClientModels({"w": torch.zeros(2)}, list(range(10, 17)), models, [10] * 7, 1, torch.Generator()))
     assert telemetry["selected"] == [10, 11, 12, 13, 15]
     assert torch.allclose(state["w"], torch.tensor([5.25 / 5, -5.25 / 5]))
+    # On random models of unequal sizes, the logged clients are those whose weighted mean Flower returned.
+    generator = torch.Generator().manual_seed(0)
+    models = [{"w": torch.randn(50, generator=generator) * scale} for scale in (1.0, 1.1, 0.9, 3.0, 1.2, 0.8, 5.0)]
+    sizes = [10, 20, 30, 40, 50, 60, 70]
+    state, telemetry = RobustAggregation("multi_krum", byzantine_clients=2).aggregate(
+        ClientModels({"w": torch.zeros(50)}, list(range(7)), models, sizes, 1, torch.Generator()))
+    kept = telemetry["selected"]
+    assert len(kept) == 5
+    mean = sum(models[k]["w"] * sizes[k] for k in kept) / sum(sizes[k] for k in kept)
+    assert torch.allclose(state["w"], mean, atol=1e-6)
 
 
 @pytest.mark.parametrize("rule, clients, options, message", [

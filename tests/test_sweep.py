@@ -68,6 +68,11 @@ def test_threads_per_job_default_to_cores_over_workers_and_can_be_set(tmp_path, 
     try:
         with pytest.raises(ConfigError, match="--threads must be at least 1"):
             run_sweep(spec, tmp_path / "bad", threads=0, progress=False)
+        spec_file = tmp_path / "tiny.yaml"
+        spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+        result = runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path / "wide"), "--workers", "2",
+                                     "--threads", "3", "--no-progress"])
+        assert result.exit_code == 0 and "warning: 2 worker(s) x 3 thread(s) exceed the 4 cores" in result.output
         for folder, setting, expected in (("default", None, 4), ("one", 1, 1)):
             run_sweep(spec, tmp_path / folder, threads=setting, progress=False)
             (job,) = expand(spec, tmp_path / folder)

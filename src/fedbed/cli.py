@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -268,7 +269,7 @@ def prepare(
 def sweep(
     sweep_file: Annotated[Path, typer.Argument(help="YAML sweep file (see docs/sweeps/).")],
     out: Annotated[Optional[Path], typer.Option(help="Sweep folder (default: runs/sweeps/<name>).")] = None,
-    workers: Annotated[int, typer.Option(help="Parallel jobs; torch threads per job = cores // workers.")] = 1,
+    workers: Annotated[int, typer.Option(help="Parallel jobs; torch threads per job = cores // workers unless --threads.")] = 1,
     threads: Annotated[Optional[int], typer.Option(
         help="Torch threads per job (default cores // workers); 1 when another sweep process shares the cores.")] = None,
     data_root: Annotated[Optional[Path], typer.Option(help="Dataset folder (default: $FEDBED_DATA).")] = None,
@@ -279,6 +280,10 @@ def sweep(
     from fedbed.sweep import load_sweep_file, run_sweep
 
     progress = progress and on_terminal()
+    cores = os.cpu_count() or 1
+    if threads is not None and threads * workers > cores:
+        typer.echo(f"warning: {workers} worker(s) x {threads} thread(s) exceed the {cores} cores; every job will run "
+                   "slower than with fewer threads", err=True)
     try:
         spec = load_sweep_file(sweep_file)
         if data_root is not None:

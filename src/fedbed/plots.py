@@ -218,6 +218,10 @@ def plot_sweep(sweep_dir: Path, selection: str = "train_domain_val") -> list[Pat
 
     Returns:
         The paths written.
+
+    Raises:
+        ValueError: ``last_five_mean`` and a run it cannot score
+            (:func:`fedbed.reporting.labelled_summaries`).
     """
     import statistics
 
@@ -246,7 +250,7 @@ def plot_sweep(sweep_dir: Path, selection: str = "train_domain_val") -> list[Pat
         plt.close(figure)
         written.append(path)
 
-    summaries = labelled_summaries(sweep_dir)
+    summaries = labelled_summaries(sweep_dir, selection)
     labels = sorted({s["label"] for s in summaries})
     figure, axes = plt.subplots(1, 2, figsize=(11, 3.6))
     for axis, kind in zip(axes, ("id", "ood")):

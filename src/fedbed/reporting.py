@@ -153,12 +153,21 @@ def paired_pairs(
     return [a[k] for k in keys], [b[k] for k in keys]
 
 
-def labelled_summaries(sweep_dir: Path) -> list[dict[str, Any]]:
-    """The summaries below ``sweep_dir``, each with a ``label`` (see :func:`fedbed.results.run_label`)
-    and a ``group``: the label without the hyperparameters the sweep's grid varies (the method,
+def labelled_summaries(sweep_dir: Path, selection: str | None = None) -> list[dict[str, Any]]:
+    """The summaries below ``sweep_dir``, each with a ``label`` (see :func:`fedbed.results.run_label`),
+    a ``group``: the label without the hyperparameters the sweep's grid varies (the method,
     and its variant), among whose runs :func:`select_hyperparameters` chooses, and its ``run_dir``.
-    Their ``selection`` also holds the report-only
-    :data:`~fedbed.federation.evaluation.LAST_FIVE_MEAN`, computed from each run's ``rounds.jsonl``."""
+
+    Args:
+        sweep_dir: a sweep folder.
+        selection: with :data:`~fedbed.federation.evaluation.LAST_FIVE_MEAN`, each summary's
+            ``selection`` gains that report-only entry, computed from the run's ``rounds.jsonl``
+            (only then are the logs read).
+
+    Raises:
+        ValueError: with ``LAST_FIVE_MEAN``, a run whose ``rounds.jsonl`` is missing, holds no
+            evaluation or does not parse (the message names it).
+    """
     from fedbed.federation.evaluation import LAST_FIVE_MEAN, mean_of_last_evaluations
     from fedbed.results import run_label, sweep_variants, varied_hyperparameters, variant_of
     from fedbed.run_result import read_log
@@ -172,10 +181,17 @@ def labelled_summaries(sweep_dir: Path) -> list[dict[str, Any]]:
         variant = variant_of(config, variants)
         summary["label"] = run_label(summary["algorithm"], summary.get("hp", {}), varied.get(summary["algorithm"], []), variant)
         summary["group"] = run_label(summary["algorithm"], {}, [], variant)
-        evaluations = [record["evaluation"] for record in read_log(path.parent) if record.get("evaluation")]
-        if evaluations:  # a finished run logged them; a summary without its log has none
-            summary["selection"][LAST_FIVE_MEAN] = mean_of_last_evaluations(evaluations)
         summary["run_dir"] = str(path.parent)
+        if selection == LAST_FIVE_MEAN:
+            try:
+                evaluations = [record["evaluation"] for record in read_log(path.parent) if record.get("evaluation")]
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path.parent}'s rounds.jsonl does not parse ({error}); choose --selection last "
+                                 "or train_domain_val") from None
+            if not evaluations:
+                raise ValueError(f"{path.parent} cannot be scored by {LAST_FIVE_MEAN}: its rounds.jsonl is missing or "
+                                 "holds no evaluation; choose --selection last or train_domain_val")
+            summary["selection"][LAST_FIVE_MEAN] = mean_of_last_evaluations(evaluations)
     return summaries
 
 
@@ -240,16 +256,12 @@ def report_summaries(sweep_dir: Path, selection: str, select_hparams: bool = Fal
     hyperparameter choices (:func:`select_hyperparameters`; else ``None``).
 
     Raises:
-        ValueError: no finished run below ``sweep_dir``, a run without the ``selection`` (``last_five_mean``
-            of a run whose ``rounds.jsonl`` is missing), or ``select_hparams`` with ``oracle``.
+        ValueError: no finished run below ``sweep_dir``, a run ``last_five_mean`` cannot score
+            (:func:`labelled_summaries`), or ``select_hparams`` with ``oracle``.
     """
-    summaries = labelled_summaries(sweep_dir)
+    summaries = labelled_summaries(sweep_dir, selection)
     if not summaries:
         raise ValueError(f"{sweep_dir} holds no finished run (no {SUMMARY_NAME})")
-    unlogged = [summary["run_dir"] for summary in summaries if selection not in summary["selection"]]
-    if unlogged:
-        raise ValueError(f"{len(unlogged)} run(s) cannot be scored by {selection}, e.g. {unlogged[0]}: its rounds.jsonl "
-                         "holds no evaluation; choose --selection last or train_domain_val")
     if not select_hparams:
         return summaries, None
     return select_hyperparameters(summaries, selection)

@@ -332,11 +332,12 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, threads: int |
     Args:
         spec: the validated sweep.
         sweep_dir: where the run directories go (created).
-        workers: parallel processes; each gets ``max(1, cores // workers)`` torch threads so that
-            workers x threads never exceeds the cores (oversubscribing 2 cores slows every job
-            several times).
+        workers: parallel processes; unless ``threads`` is given, each gets ``max(1, cores // workers)``
+            torch threads so that workers x threads never exceeds the cores (oversubscribing 2 cores
+            slows every job several times).
         threads: torch threads per job instead of ``cores // workers``: ``1`` when other processes
-            (another sweep on the same folder, a second sweep) share the machine's cores.
+            (another sweep on the same folder, a second sweep) share the machine's cores. Not
+            checked against the cores (the CLI warns).
         progress: one overall progress bar (jobs done / total, ETA).
 
     Raises:

@@ -11,11 +11,8 @@ the round's client models are combined by
   ``aggregate_krum(..., to_keep=0)``;
 - ``multi_krum``: the n_k-weighted mean of the ``K − f`` models with the best Krum scores
   (Blanchard et al. 2017, Multi-Krum with m = n − f), ``aggregate_krum(..., to_keep=K − f)``.
-  Flower returns the mean only; to log which clients it kept, each client's model carries one
-  more array, a marker: ``MULTI_KRUM_MARKER`` at the client's own position, zeros elsewhere. The
-  markers add at most ``2 · MULTI_KRUM_MARKER²`` (about 2e-24) to a squared distance, far below
-  float32's resolution of any two models that differ, and the mean of the markers is non-zero
-  exactly at the kept clients.
+  Flower returns the mean only; the kept clients that the log names (:func:`multi_krum_kept`)
+  are found by the same rule on the same squared distances (Flower's ``_compute_distances``).
 
 Median, trimmed mean and Krum ignore the clients' sizes n_k (as Flower's functions do). The
 rules are applied to every array of the state dict; their results are cast back to each array's
@@ -43,9 +40,27 @@ DEFAULT_TRIMMED_FRACTION = 0.2
 DEFAULT_BYZANTINE_CLIENTS = 1
 """f of ``krum`` and ``multi_krum`` when the run does not set ``byzantine_clients``."""
 
-MULTI_KRUM_MARKER = 2.0 ** -40
-"""The value that marks a client's own position in the extra array Multi-Krum averages (module
-docstring): small enough to leave the Krum scores as they are, large enough to survive the mean."""
+
+def multi_krum_kept(models: list[list[numpy.ndarray]], byzantine_clients: int) -> list[int]:
+    """The positions of the ``K − f`` models Multi-Krum averages (Blanchard et al., NeurIPS 2017,
+    Sec. 4): each model's score is the sum of its squared distances to its ``max(1, K − f − 2)``
+    nearest others, and the ``K − f`` lowest scores are kept (Flower's ``aggregate_krum``, with its
+    distances and its order of sorting, so that the positions are those of the mean it returns).
+
+    Args:
+        models: K models, each a list of arrays (every model the same shapes).
+        byzantine_clients: f.
+
+    Returns:
+        The kept positions in ascending order.
+    """
+    from flwr.server.strategy.aggregate import _compute_distances
+
+    distances = _compute_distances(models)
+    nearest = max(1, len(models) - byzantine_clients - 2)
+    scores = [numpy.sum(row[numpy.argsort(row)[1:nearest + 1]]) for row in distances]
+    keep = len(models) - byzantine_clients
+    return sorted(int(index) for index in numpy.argsort(scores)[::-1][len(scores) - keep:])
 
 
 def check_robust_aggregation(rule: str, clients_per_round: int, trimmed_fraction: float = DEFAULT_TRIMMED_FRACTION,
@@ -120,10 +135,8 @@ class RobustAggregation(ModelAggregation):
             combined = aggregate_krum(results, self.byzantine_clients, 0)
             selected = [clients[next(i for i, (model, _) in enumerate(results) if model is combined)]]
         else:
-            marked = [([*arrays, MULTI_KRUM_MARKER * numpy.eye(len(results), dtype=numpy.float32)[index]], weight)
-                      for index, (arrays, weight) in enumerate(results)]
-            *combined, markers = aggregate_krum(marked, self.byzantine_clients, len(results) - self.byzantine_clients)
-            selected = [client for client, marker in zip(clients, markers) if marker != 0]
+            combined = aggregate_krum(results, self.byzantine_clients, len(results) - self.byzantine_clients)
+            selected = [clients[index] for index in multi_krum_kept([model for model, _ in results], self.byzantine_clients)]
         state = {}
         for name, value in zip(names, combined):
             tensor = torch.as_tensor(value, dtype=torch.float64 if not current[name].is_floating_point() else None)
