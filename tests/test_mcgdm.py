@@ -46,7 +46,31 @@ def test_intra_and_inter_on_a_hand_computed_case():
     assert matching_losses(model, x, augmented, y, [])["inter"].item() == 0.0  # round 1: no previous heads
 
 
-def test_the_matching_losses_train_the_featurizer_exactly():
+def test_the_authors_per_parameter_cosine_and_mean_over_heads_by_hand():
+    # Zero head, x = (2, 0), A(x) = (2, 2), label 0: dCE/dlogits = (-1/2, 1/2).
+    # g: W rows (-1, 0), (1, 0), bias (-1/2, 1/2); g': W rows (-1, -1), (1, 1), the same bias.
+    # Flattened: g.g' = 1 + 1 + 1/4 + 1/4 = 5/2, |g|^2 = 5/2, |g'|^2 = 9/2: 1 - (5/2)/sqrt(45/4).
+    # Per parameter: each weight row's cosine is 1/sqrt(2), the bias's 1: ((1 - 1/sqrt 2) + 0) / 2.
+    model = zero_head_model()
+    x, augmented, y = torch.tensor([[2.0, 0.0]]), torch.tensor([[2.0, 2.0]]), torch.tensor([0])
+    flattened = matching_losses(model, x, augmented, y, [])
+    assert flattened["intra"].item() == pytest.approx(1 - 2.5 / math.sqrt(45 / 4))
+    per_parameter = matching_losses(model, x, augmented, y, [], gradient_cosine="per_parameter")
+    assert per_parameter["intra"].item() == pytest.approx((1 - 1 / math.sqrt(2)) / 2)
+    # The mean over heads is the sum (the hand-computed case above: 1/2 + 1/2) over their number.
+    x, augmented = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])
+    heads = [{"weight": torch.tensor([[1.0, 0.0], [0.0, 0.0]]), "bias": torch.zeros(2)},
+             {"weight": torch.zeros(2, 2), "bias": torch.zeros(2)}]
+    assert matching_losses(model, x, augmented, y, heads, inter_reduction="mean")["inter"].item() == pytest.approx(0.5)
+    assert matching_losses(model, x, augmented, y, [], inter_reduction="mean")["inter"].item() == 0.0
+    with pytest.raises(ValueError, match="unknown inter_reduction 'max'"):
+        matching_losses(model, x, augmented, y, heads, inter_reduction="max")
+    with pytest.raises(ValueError, match="unknown gradient_cosine 'rows'"):
+        matching_losses(model, x, augmented, y, heads, gradient_cosine="rows")
+
+
+@pytest.mark.parametrize("inter_reduction, gradient_cosine", [("sum", "flattened"), ("mean", "per_parameter")])
+def test_the_matching_losses_train_the_featurizer_exactly(inter_reduction, gradient_cosine):
     """The autograd gradient of Eq. 8 with respect to the featurizer, through the head gradients
     (create_graph), equals central finite differences (float64)."""
     torch.manual_seed(0)
@@ -59,7 +83,7 @@ def test_the_matching_losses_train_the_featurizer_exactly():
     def loss_of(weight: torch.Tensor) -> torch.Tensor:
         featurizer = lambda inputs: functional_call(model.featurizer, {"weight": weight, "bias": model.featurizer.bias}, (inputs,))  # noqa: E731
         wrapped = DomainClassifier(nn.Identity(), model.classifier, 4)
-        terms = matching_losses(wrapped, featurizer(x), featurizer(augmented), y, heads)
+        terms = matching_losses(wrapped, featurizer(x), featurizer(augmented), y, heads, inter_reduction, gradient_cosine)
         return 0.5 * (terms["ce"] + terms["ce_augmented"]) + matching_lambda * terms["intra"] + (1 - matching_lambda) * terms["inter"]
 
     weight = model.featurizer.weight.detach().clone().requires_grad_(True)

@@ -26,6 +26,16 @@ Readings where the paper leaves a choice (each tested):
   text says "other domains". The default follows the equation (the client's own previous head
   included, ``include_own_head=True``); ``include_own_head=false`` follows the text.
 - **Round 1** has no previous heads: L_inter = 0 (the loss is then ½(CE + CE') + λ L_intra).
+- **Sum or mean over the heads.** Eq. 5 sums the n terms (the default, ``inter_reduction: sum``);
+  the authors' training code (``weiyikang/FedGM_torch``, ``train.py``) divides the sum by the
+  number of source heads (``inter_reduction: mean``), which makes L_inter n times weaker against
+  the cross-entropy.
+- **One cosine or one per parameter.** Eq. 2 and 5 take sim(·, ·) of the head's gradients, read
+  here as one cosine of the flattened gradient (weight and bias together; the default,
+  ``gradient_cosine: flattened``). The authors' code takes one cosine per parameter tensor: for
+  the weight ``[C, d]`` the mean over its C rows (one per class) of the rows' cosines, for the
+  bias ``[C]`` the cosine of the vectors, and 1 − cosine averaged over the head's parameters
+  (``gradient_cosine: per_parameter``).
 - **CE** is the batch mean, not Eq. 1's sum over the batch (the cosines are unchanged by the
   scale; the classification term is the usual mean).
 - **Learning rate.** "decayed by the cosine schedule from 0.001 to 0.0001 during training", read
@@ -94,6 +104,9 @@ class MCGDMHyperparameters(LocalTrainingHyperparameters):
         use_intra: include L_intra (Table 4's ablation).
         use_inter: include L_inter (Table 4's ablation).
         include_own_head: whether Eq. 5's sum includes the client's own previous head.
+        inter_reduction: ``sum`` (Eq. 5) or ``mean`` (the authors' code) over the previous heads.
+        gradient_cosine: ``flattened`` (one cosine of the head's gradient, Eq. 2 and 5) or
+            ``per_parameter`` (the authors' code; see the module docstring).
         augmentation: A(x), a name of :mod:`fedbed.data.augmentation` (RandAugment).
         alignment: ``gradient`` (MCGDM) or one of Table 5's alternatives, ``kl``, ``supcon``,
             ``cofc`` (see the module docstring).
@@ -111,21 +124,18 @@ class MCGDMHyperparameters(LocalTrainingHyperparameters):
     use_intra: bool = True
     use_inter: bool = True
     include_own_head: bool = True
+    inter_reduction: Literal["sum", "mean"] = "sum"
+    gradient_cosine: Literal["flattened", "per_parameter"] = "flattened"
     augmentation: Literal[tuple(AUGMENTATIONS)] = "randaugment"
     alignment: Literal["gradient", "kl", "supcon", "cofc"] = "gradient"
     alignment_weight: float = Field(1.0, ge=0)
     supcon_temperature: float = Field(0.1, gt=0)
 
 
-def flat(tensors) -> torch.Tensor:
-    """The concatenation of tensors, flattened: ``[P]``."""
-    return torch.cat([t.reshape(-1) for t in tensors])
-
-
 def head_gradient(head: nn.Module, parameters: dict[str, torch.Tensor], features: torch.Tensor,
-                  targets: torch.Tensor) -> torch.Tensor:
+                  targets: torch.Tensor) -> list[torch.Tensor]:
     """∇ of CE(head(features), targets) with respect to the head's ``parameters`` (a dict of
-    tensors that require gradients), flattened to ``[P]`` and kept differentiable
+    tensors that require gradients), one tensor per parameter in its shape, kept differentiable
     (``create_graph=True``) with respect to ``features`` and the parameters (Eq. 3, 4, 7).
 
     Args:
@@ -136,11 +146,46 @@ def head_gradient(head: nn.Module, parameters: dict[str, torch.Tensor], features
     """
     logits = functional_call(head, parameters, (features,))
     loss = nn.functional.cross_entropy(logits, targets)
-    return flat(torch.autograd.grad(loss, list(parameters.values()), create_graph=True))
+    return list(torch.autograd.grad(loss, list(parameters.values()), create_graph=True))
+
+
+def comparable_gradient(gradients: list[torch.Tensor], cosine: str = "flattened") -> list[torch.Tensor]:
+    """A head's per-parameter gradients (:func:`head_gradient`) in the form sim(·, ·) compares
+    (:func:`gradient_discrepancy`).
+
+    Args:
+        gradients: one tensor per head parameter.
+        cosine: ``flattened``: one vector ``[P]``, the concatenation of the flattened gradients
+            (Eq. 2 and 5 read literally); ``per_parameter``: the tensors as they are (the authors'
+            code).
+
+    Raises:
+        ValueError: an unknown ``cosine``.
+    """
+    if cosine == "flattened":
+        return [torch.cat([g.reshape(-1) for g in gradients])]
+    if cosine == "per_parameter":
+        return gradients
+    raise ValueError(f"unknown gradient_cosine {cosine!r}; choose flattened or per_parameter")
+
+
+def gradient_discrepancy(first: list[torch.Tensor], second: list[torch.Tensor]) -> torch.Tensor:
+    """1 − sim(first, second) of two gradients of the same head (Eq. 2, 5), a scalar in [0, 2],
+    from :func:`comparable_gradient`: one vector each gives 1 − its cosine; per-parameter tensors
+    give, per parameter, the mean over rows of the rows' cosines for a tensor of two or more
+    dimensions (a linear head's weight ``[C, d]``: one row per class) or the cosine of the
+    vectors (a bias ``[C]``), and then 1 − cosine averaged over the parameters (the authors' code).
+    """
+    if len(first) == 1 and first[0].dim() == 1:
+        return 1.0 - nn.functional.cosine_similarity(first[0], second[0], dim=0)
+    similarities = [nn.functional.cosine_similarity(a.reshape(len(a), -1), b.reshape(len(b), -1), dim=1).mean()
+                    if a.dim() > 1 else nn.functional.cosine_similarity(a, b, dim=0) for a, b in zip(first, second)]
+    return (1.0 - torch.stack(similarities)).mean()
 
 
 def matching_losses(model: nn.Module, inputs: torch.Tensor, augmented: torch.Tensor, targets: torch.Tensor,
-                    previous_heads: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+                    previous_heads: list[dict[str, torch.Tensor]], inter_reduction: str = "sum",
+                    gradient_cosine: str = "flattened") -> dict[str, torch.Tensor]:
     """The terms of Eq. 8 on one batch.
 
     Args:
@@ -149,23 +194,33 @@ def matching_losses(model: nn.Module, inputs: torch.Tensor, augmented: torch.Ten
         augmented: its augmented view A(x), same shape.
         targets: ``[B]``.
         previous_heads: each C_j^{t−1} as a dict of its parameters (names of ``model.classifier``).
+        inter_reduction: ``sum`` (Eq. 5) or ``mean`` of the terms over the previous heads.
+        gradient_cosine: how sim(·, ·) compares two head gradients (:func:`comparable_gradient`).
 
     Returns:
         ``{"ce", "ce_augmented", "intra", "inter"}`` scalar tensors (``inter`` is 0 without heads).
+
+    Raises:
+        ValueError: an unknown ``inter_reduction`` or ``gradient_cosine``.
     """
+    if inter_reduction not in ("sum", "mean"):
+        raise ValueError(f"unknown inter_reduction {inter_reduction!r}; choose sum or mean")
     head = model.classifier
     parameters = dict(head.named_parameters())
     features, features_augmented = model.featurizer(inputs), model.featurizer(augmented)
     ce = nn.functional.cross_entropy(head(features), targets)
     ce_augmented = nn.functional.cross_entropy(head(features_augmented), targets)
-    g = flat(torch.autograd.grad(ce, list(parameters.values()), create_graph=True))
-    g_augmented = flat(torch.autograd.grad(ce_augmented, list(parameters.values()), create_graph=True))
-    intra = 1.0 - nn.functional.cosine_similarity(g, g_augmented, dim=0)
+    g = comparable_gradient(list(torch.autograd.grad(ce, list(parameters.values()), create_graph=True)), gradient_cosine)
+    g_augmented = comparable_gradient(list(torch.autograd.grad(ce_augmented, list(parameters.values()), create_graph=True)),
+                                      gradient_cosine)
+    intra = gradient_discrepancy(g, g_augmented)
     inter = features.new_zeros(())
     for previous in previous_heads:
         frozen = {name: tensor.detach().clone().requires_grad_(True) for name, tensor in previous.items()}
-        g_j = head_gradient(head, frozen, features, targets)
-        inter = inter + (1.0 - nn.functional.cosine_similarity(g_augmented, g_j, dim=0))
+        g_j = comparable_gradient(head_gradient(head, frozen, features, targets), gradient_cosine)
+        inter = inter + gradient_discrepancy(g_augmented, g_j)
+    if inter_reduction == "mean" and previous_heads:
+        inter = inter / len(previous_heads)
     return {"ce": ce, "ce_augmented": ce_augmented, "intra": intra, "inter": inter}
 
 
@@ -251,7 +306,8 @@ class MCGDMTrainer(SupervisedTrainer):
                                               hparams.supcon_temperature)
                 sums["align"] += float(terms["align"].detach())
                 return 0.5 * (terms["ce"] + terms["ce_augmented"]) + hparams.alignment_weight * terms["align"]
-            terms = matching_losses(model, batch.inputs, batch.views[0], batch.targets, heads)
+            terms = matching_losses(model, batch.inputs, batch.views[0], batch.targets, heads,
+                                    hparams.inter_reduction, hparams.gradient_cosine)
             sums["intra"] += float(terms["intra"].detach())
             sums["inter"] += float(terms["inter"].detach())
             loss = 0.5 * (terms["ce"] + terms["ce_augmented"])
