@@ -156,7 +156,7 @@ def paired_pairs(
 def labelled_summaries(sweep_dir: Path, selection: str | None = None) -> list[dict[str, Any]]:
     """The summaries below ``sweep_dir``, each with a ``label`` (see :func:`fedbed.results.run_label`),
     a ``group``: the label without the hyperparameters the sweep's grid varies (the method,
-    and its variant), among whose runs :func:`select_hyperparameters` chooses, and its ``run_dir``.
+    and its variant), among whose runs :func:`select_hyperparameters` chooses.
 
     Args:
         sweep_dir: a sweep folder.
@@ -181,7 +181,6 @@ def labelled_summaries(sweep_dir: Path, selection: str | None = None) -> list[di
         variant = variant_of(config, variants)
         summary["label"] = run_label(summary["algorithm"], summary.get("hp", {}), varied.get(summary["algorithm"], []), variant)
         summary["group"] = run_label(summary["algorithm"], {}, [], variant)
-        summary["run_dir"] = str(path.parent)
         if selection == LAST_FIVE_MEAN:
             try:
                 evaluations = [record["evaluation"] for record in read_log(path.parent) if record.get("evaluation")]
