@@ -1,6 +1,7 @@
 """Every registered algorithm on tiny data, plus hand-computed cases of the shared math."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -31,6 +32,18 @@ def test_every_registered_algorithm_runs_two_rounds(name, tmp_path):
     lines = (tmp_path / name / "rounds.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == [1, 2]
     assert (tmp_path / name / "summary.json").exists() and (tmp_path / name / "checkpoint.pt").exists()
+
+
+# The two references that no paper proposes: pooled training and each client alone.
+NO_SOURCE_PAPER = {"central", "local"}
+
+
+@pytest.mark.parametrize("name", sorted(set(ALGORITHMS) - NO_SOURCE_PAPER))
+def test_every_method_names_its_source_in_its_summary(name):
+    # `fedbed algorithms` prints the summary: a reader must find the paper from it, by an author
+    # and year or by the file in ../shared/papers.
+    summary = get_algorithm(name).summary
+    assert re.search(r"\b(19|20)\d\d\b|\.md\b|\.txt\b|FedGaLA Alg\.", summary), summary
 
 
 def test_weighted_average_by_hand():

@@ -241,8 +241,9 @@ class FedGaLA(SelfSupervisedAlgorithm):
 
     name = "fedgala"
     secure_aggregation_compatible = False  # the server needs each client's own update or model
-    summary = ("FedGaLA: SimCLR clients that skip layer updates unaligned with the global model's last change "
-               "(local alignment) and a server reweighting client updates by their alignment (global alignment).")
+    summary = ("FedGaLA (Pourpanah et al., AAAI 2025; fedgala.md): SimCLR clients that skip layer updates "
+               "unaligned with the global model's last change (local alignment) and a server reweighting "
+               "client updates by their alignment (global alignment).")
     hyperparameters = FedGaLAHyperparameters
     trainer_class = FedGaLATrainer
 

@@ -280,7 +280,8 @@ class HFedF(SupervisedAlgorithm):
 
     name = "hfedf"
     secure_aggregation_compatible = False  # the server needs each client's own update or model
-    summary = "hFedF: server hypernetwork generates each client's weights; GradAlign + Adam + EMA on the server."
+    summary = ("hFedF (Bartholet et al. 2024; hfedf.txt): server hypernetwork generates each client's weights; "
+               "GradAlign + Adam + EMA on the server.")
     hyperparameters = HFedFHyperparameters
     dataset_defaults = {  # hfedf.txt Table 10, Office-Home and VLCS columns
         "OfficeHome": {"server_weight_decay": 1e-5, "ema_decay": 0.75},

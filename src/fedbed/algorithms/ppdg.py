@@ -80,7 +80,8 @@ class PPDG(SupervisedAlgorithm):
 
     name = "ppdg"
     secure_aggregation_compatible = False  # the server needs each client's own update or model
-    summary = "PPDG (Algorithm 1): pairwise alignment of conflicting client updates on the server, then the mean."
+    summary = ("PPDG (ppdg-gradient-alignment.txt, Algorithm 1): pairwise alignment of conflicting client "
+               "updates on the server, then the mean.")
     hyperparameters = PPDGHyperparameters
     dataset_defaults: ClassVar[dict[str, dict[str, Any]]] = {
         dataset: {"alignment_lambda": value} for dataset, value in PAPER_ALIGNMENT_LAMBDA.items()
