@@ -11,7 +11,9 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from fedbed.algorithms import get_algorithm, resolve_hyperparameters
 from fedbed.algorithms.local_training import cosine_learning_rate
+from fedbed.algorithms.registry import AlgorithmContext, TrainingBudget
 from fedbed.algorithms.mcgdm import MCGDMStrategy, matching_losses, previous_heads_of
 from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.federation.messages import ClientInfo, Reply
@@ -123,6 +125,24 @@ def test_the_server_sends_the_previous_heads_read_only(include_own_head):
     restored.load_state_dict(strategy.state_dict())
     assert torch.equal(restored.configure_round(2, [0])[0].read_only_arrays[f"head{expected[0]}/weight"],
                        second[0].read_only_arrays[f"head{expected[0]}/weight"])
+
+
+@pytest.mark.parametrize(("hp", "sends"), [
+    ({}, True),                                                  # MCGDM: L_inter reads the heads
+    ({"use_inter": False}, False),                               # Table 4 without L_inter
+    ({"alignment": "kl"}, False), ({"alignment": "supcon"}, False),  # Table 5: no head read
+    ({"alignment": "cofc"}, True),                               # CoFC classifies with the heads
+])
+def test_the_heads_travel_only_to_a_loss_that_reads_them(hp, sends):
+    algorithm = get_algorithm("mcgdm")
+    hparams = resolve_hyperparameters(algorithm, hp)
+    assert hparams.uses_previous_heads is sends
+    model = DomainClassifier(nn.Flatten(), nn.Linear(4, 3), 4)
+    strategy = algorithm.create_strategy(hparams, AlgorithmContext(lambda: model, TrainingBudget(batch_size=4), seed=0))
+    strategy.initialize(model, [ClientInfo(c, 10, (c,)) for c in range(3)])
+    strategy.aggregate(1, replies_with_heads(model, [0, 1, 2]))
+    payloads = strategy.configure_round(2, [0, 1, 2])
+    assert all(bool(p.read_only_arrays) is sends for p in payloads.values())
 
 
 def test_cosine_schedule_runs_from_the_first_to_the_last_round():

@@ -131,6 +131,11 @@ class MCGDMHyperparameters(LocalTrainingHyperparameters):
     alignment_weight: float = Field(1.0, ge=0)
     supcon_temperature: float = Field(0.1, gt=0)
 
+    @property
+    def uses_previous_heads(self) -> bool:
+        """Whether the client's loss reads the previous round's heads: L_inter (Eq. 5) or CoFC."""
+        return (self.alignment == "gradient" and self.use_inter) or self.alignment == "cofc"
+
 
 def head_gradient(head: nn.Module, parameters: dict[str, torch.Tensor], features: torch.Tensor,
                   targets: torch.Tensor) -> list[torch.Tensor]:
@@ -294,7 +299,7 @@ class MCGDMTrainer(SupervisedTrainer):
         model.load_state_dict(payload.arrays)
         round_hparams = round_hyperparameters(hparams, payload)
         gradient = hparams.alignment == "gradient"
-        heads = previous_heads_of(payload) if (hparams.use_inter or hparams.alignment == "cofc") else []
+        heads = previous_heads_of(payload) if hparams.uses_previous_heads else []
         logged = ("intra", "inter") if gradient else ("align",)
         sums = dict.fromkeys(logged, 0.0)
         batches = [0]
@@ -325,11 +330,20 @@ class MCGDMTrainer(SupervisedTrainer):
 
 
 class MCGDMStrategy(FedAvgStrategy):
-    """FedAvg (Eq. 9) that also sends every client the previous round's heads as read-only arrays."""
+    """FedAvg (Eq. 9) that also sends every client the previous round's heads as read-only arrays.
 
-    def __init__(self, seed: int = 0, include_own_head: bool = True) -> None:
+    Args:
+        seed: the run's seed.
+        include_own_head: send a client its own previous head too (Eq. 5's j = i term).
+        send_heads: ``False`` for the ablations whose loss reads no head (Table 4 without
+            L_inter, Table 5's KL and SupCon): the server then sends none, so their payloads
+            and the bytes in the telemetry are FedAvg's.
+    """
+
+    def __init__(self, seed: int = 0, include_own_head: bool = True, send_heads: bool = True) -> None:
         super().__init__(seed)
         self.include_own_head = include_own_head
+        self.send_heads = send_heads
         self.heads: dict[int, dict[str, torch.Tensor]] = {}
 
     def initialize(self, model: nn.Module, clients) -> None:
@@ -339,6 +353,8 @@ class MCGDMStrategy(FedAvgStrategy):
 
     def configure_round(self, round_number: int, selected: list[int]) -> dict[int, Payload]:
         payloads = super().configure_round(round_number, selected)
+        if not self.send_heads:
+            return payloads
         for client, payload in payloads.items():
             payload.read_only_arrays = {
                 f"head{j}/{name}": tensor for j, head in sorted(self.heads.items())
@@ -381,7 +397,7 @@ class MCGDM(SupervisedAlgorithm):
     }
 
     def create_strategy(self, hparams: MCGDMHyperparameters, context: AlgorithmContext) -> MCGDMStrategy:
-        return MCGDMStrategy(context.seed, hparams.include_own_head)
+        return MCGDMStrategy(context.seed, hparams.include_own_head, send_heads=hparams.uses_previous_heads)
 
 
 __all__ = ["MCGDM", "MCGDMStrategy", "MCGDMTrainer", "matching_losses"]
