@@ -105,6 +105,11 @@ def test_mixstyle_mixes_statistics_in_training_only():
     normalised = (features - features.mean((2, 3), keepdim=True)) / features.std((2, 3), keepdim=True)
     again = (mixed - mixed.mean((2, 3), keepdim=True)) / mixed.std((2, 3), keepdim=True)
     assert torch.allclose(normalised, again, atol=1e-4)
+    # Deterministic under a seed (the engine seeds torch per round and client), and the seed matters.
+    torch.manual_seed(0)
+    assert torch.equal(layer(features), mixed)
+    torch.manual_seed(1)
+    assert not torch.equal(layer(features), mixed)
     layer.eval()
     assert torch.equal(layer(features), features)
     model = build_model("hfedf_cnn", (3, 32, 32), 7, mixstyle=True)
