@@ -5,6 +5,7 @@ labels; their labels are never read)."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from fedbed.algorithms.fedavg import FedAvg, FedAvgStrategy
 from fedbed.config import ConfigError, config_from_mapping
 from fedbed.data.splits import split_target_for_adaptation
 from fedbed.experiment import ExperimentConfig, run_experiment
+from fedbed.federation.evaluation import evaluate_models, format_domain_table
 from fedbed.federation.linear_probe import LinearProbe
 from fedbed.federation.local_data import ClientData, UnlabeledImages
 from fedbed.models import DomainClassifier
@@ -68,6 +70,17 @@ def test_repeated_probes_each_score_their_own_share_and_the_accuracy_is_their_me
     scores = probe.scores(identity_model(), corrupted, 2, seed=3, domain=1)
     assert len(scores) == 3 and scores[0] == 0.0 and all(score > 0.0 for score in scores[1:])
     assert probe.accuracy(identity_model(), corrupted, 2, seed=3, domain=1) == pytest.approx(sum(scores) / 3)
+    # A run's evaluation gives the mean and, over the repeats, the sample standard deviation, and
+    # the printed table shows both.
+    names = ("source", "target")
+    result = evaluate_models([(identity_model(), None)], {}, {1: corrupted}, names, probe=probe, num_classes=2, seed=3)
+    mean = sum(scores) / 3
+    deviation = math.sqrt(sum((s - mean) ** 2 for s in scores) / 2)
+    assert result["ood"]["target"] == pytest.approx(mean) and result["probe_std"]["ood"]["target"] == pytest.approx(deviation)
+    assert f"{mean:.1f}±{deviation:.1f}" in format_domain_table({"last": {**result, "round": 1}})
+    single = evaluate_models([(identity_model(), None)], {}, {1: corrupted}, names, probe=LinearProbe(epochs=5),
+                             num_classes=2, seed=3)
+    assert "probe_std" not in single  # one probe has no spread
 
 
 def test_standardized_features_make_the_probe_blind_to_the_encoders_scale():
@@ -189,3 +202,16 @@ def test_a_report_of_probed_runs_says_they_read_target_labels(tmp_path):
     assert result.exit_code == 0, result.output
     assert "evaluation (1 run): linear probe" in result.output and "target labels" in result.output
     assert "target labels" in (tmp_path / "report.html").read_text()
+
+
+def test_the_accuracy_plots_of_probed_runs_carry_the_note_that_they_read_target_labels(tmp_path, monkeypatch):
+    import fedbed.plots as plots
+
+    quiet(ExperimentConfig(model="lenet", rounds=1, local_steps=1, batch_size=16, run_dir=tmp_path / "probe",
+                           evaluation_protocol="linear_probe", linear_probe={"epochs": 2}))
+    captions = []
+    original = plots._caption
+    monkeypatch.setattr(plots, "_caption", lambda figure, notes: (captions.append(notes), original(figure, notes)))
+    written = plots.plot_sweep(tmp_path, "last")
+    assert {"curve_0.png", "domains_last.png"} <= {p.name for p in written} and len(captions) == 2
+    assert all(any("linear probe" in note and "target labels" in note for note in notes) for notes in captions)

@@ -206,6 +206,16 @@ def _plot_mean_band(axis, rows: list[dict[str, Any]], key: str, label: str) -> N
     round_axis(axis, rounds)
 
 
+def _caption(figure, notes: list[str]) -> None:
+    """Write ``notes`` (what the evaluation read, :func:`fedbed.reporting.evaluation_notes`) under
+    ``figure``, wrapped to its width, so a plot shown alone says what a report says."""
+    import textwrap
+
+    if notes:
+        text = "\n".join(line for note in notes for line in textwrap.wrap(note, 150))
+        figure.text(0.0, -0.02, text, fontsize="x-small", va="top", ha="left")
+
+
 def plot_sweep(sweep_dir: Path, selection: str = "train_domain_val") -> list[Path]:
     """Write a sweep's plots into ``sweep_dir/plots/``.
 
@@ -214,7 +224,9 @@ def plot_sweep(sweep_dir: Path, selection: str = "train_domain_val") -> list[Pat
     under ``selection``, mean over seeds and targets) and, when any run logged alignment
     telemetry, ``alignment_over_rounds.png`` (per label, the mean pairwise cosine of the client
     updates and the number of conflicting pairs ``⟨Δθ_i, Δθ_j⟩ < 0`` vs round, mean over targets
-    and seeds with a band of ± one std; the sweep-wide view of :func:`plot_alignment`).
+    and seeds with a band of ± one std; the sweep-wide view of :func:`plot_alignment`). The
+    accuracy plots of runs scored by a linear probe (which trains on target labels) or under
+    domain adaptation carry the reports' evaluation notes as a caption.
 
     Returns:
         The paths written.
@@ -225,7 +237,7 @@ def plot_sweep(sweep_dir: Path, selection: str = "train_domain_val") -> list[Pat
     """
     import statistics
 
-    from fedbed.reporting import labelled_summaries
+    from fedbed.reporting import evaluation_notes, labelled_summaries
     from fedbed.results import query_rounds
 
     out = sweep_dir / "plots"
@@ -233,6 +245,7 @@ def plot_sweep(sweep_dir: Path, selection: str = "train_domain_val") -> list[Pat
     written: list[Path] = []
     all_rows = query_rounds(sweep_dir)
     rows = [r for r in all_rows if r["ood_mean"] is not None]
+    notes = [note for note in evaluation_notes(sweep_dir) if note.startswith("evaluation")]
     for target in sorted({r["target"] for r in rows}, key=lambda t: (len(t), t)):
         figure, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharex=True)
         for label in sorted({r["label"] for r in rows if r["target"] == target}):
@@ -245,6 +258,7 @@ def plot_sweep(sweep_dir: Path, selection: str = "train_domain_val") -> list[Pat
             axis.set_xlabel("round")
             axis.set_ylabel("accuracy (%), mean ± std over seeds")
         axes[0].legend(fontsize="small")
+        _caption(figure, notes)
         path = out / f"curve_{target}.png"
         figure.savefig(path, dpi=100, bbox_inches="tight")
         plt.close(figure)
@@ -267,6 +281,7 @@ def plot_sweep(sweep_dir: Path, selection: str = "train_domain_val") -> list[Pat
         axis.set_title(f"{kind} accuracy per domain ({selection}{', oracle' if selection == 'oracle' else ''})")
         axis.set_ylabel("accuracy (%), mean over runs")
     axes[0].legend(fontsize="small")
+    _caption(figure, notes)
     path = out / f"domains_{selection}.png"
     figure.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(figure)

@@ -20,6 +20,7 @@ evaluations is what a single final round estimates, with less noise. It reads no
 from __future__ import annotations
 
 import math
+from statistics import fmean, stdev
 from typing import Any
 
 import torch
@@ -131,27 +132,41 @@ def evaluate_models(
 
     Returns:
         ``{"metric": name, "id": {domain: score}, "id_mean": float, "ood": {domain: score},
-        "ood_mean": float}``; the means are unweighted over domains.
+        "ood_mean": float}``; the means are unweighted over domains. A linear probe with
+        ``repeats`` > 1 adds ``"probe_std": {"id": {domain: std}, "ood": {domain: std}}``: the
+        sample standard deviation (percentage points) over the repeats, each repeat's score
+        averaged over the models (FedGaLA Sec. 4 reports mean ± std over probe seeds).
     """
     result: dict[str, Any] = {"metric": METRICS[task] if probe is None else "linear_probe_accuracy", "id": {}, "ood": {}}
+    spread: dict[str, dict[str, float]] = {"id": {}, "ood": {}}
 
-    def score(model: nn.Module, data: ClientData, domain_id: int) -> float:
+    def score(model: nn.Module, data: ClientData, domain_id: int) -> list[float]:
+        """The score of ``model`` on ``data``: one value, or one per probe repeat."""
         if probe is not None:
-            return probe.accuracy(model, data, num_classes, seed, domain_id)
-        return score_from_statistics(metric_statistics(model, data, task), task)
+            return probe.scores(model, data, num_classes, seed, domain_id)
+        return [score_from_statistics(metric_statistics(model, data, task), task)]
+
+    def record(kind: str, domain_id: int, per_model: list[list[float]]) -> None:
+        """The models' mean score (each model's the mean of its repeats), and its spread over repeats."""
+        scores = [sum(repeats) / len(repeats) for repeats in per_model]
+        result[kind][domain_names[domain_id]] = sum(scores) / len(scores)
+        if probe is not None and probe.repeats > 1:
+            per_repeat = [fmean(values) for values in zip(*per_model)]
+            spread[kind][domain_names[domain_id]] = stdev(per_repeat)
 
     for domain_id in holdout if id_statistics is None or id_domains is None else id_domains:
         counted = [j for j, (_, ds) in enumerate(models) if ds is None or domain_id in ds]
         if id_statistics is None:
-            scores = [score(models[j][0], holdout[domain_id], domain_id) for j in counted]
+            per_model = [score(models[j][0], holdout[domain_id], domain_id) for j in counted]
         else:
-            scores = [score_from_statistics(id_statistics[(j, domain_id)], task) if (j, domain_id) in id_statistics
-                      else float("nan") for j in counted]
-        if scores:
-            result["id"][domain_names[domain_id]] = sum(scores) / len(scores)
+            per_model = [[score_from_statistics(id_statistics[(j, domain_id)], task) if (j, domain_id) in id_statistics
+                          else float("nan")] for j in counted]
+        if per_model:
+            record("id", domain_id, per_model)
     for domain_id, data in target.items():
-        scores = [score(m, data, domain_id) for m, _ in models]
-        result["ood"][domain_names[domain_id]] = sum(scores) / len(scores)
+        record("ood", domain_id, [score(m, data, domain_id) for m, _ in models])
+    if spread["id"] or spread["ood"]:
+        result["probe_std"] = spread
     for kind in ("id", "ood"):
         values = list(result[kind].values())
         result[f"{kind}_mean"] = sum(values) / len(values) if values else float("nan")
@@ -220,7 +235,8 @@ def mean_of_last_evaluations(evaluations: list[dict[str, Any]]) -> dict[str, Any
 
 
 def format_domain_table(selected: dict[str, dict[str, Any]]) -> str:
-    """A plain-text table: one row per selection rule, one column per domain (id then ood)."""
+    """A plain-text table: one row per selection rule, one column per domain (id then ood); a
+    linear probe's spread over its repeats (``probe_std``) follows a domain's score after ±."""
     first = next(iter(selected.values()))
     id_domains, ood_domains = list(first["id"]), list(first["ood"])
     header = ["selection", "round"] + [f"id:{d}" for d in id_domains] + ["id mean"]
@@ -229,8 +245,14 @@ def format_domain_table(selected: dict[str, dict[str, Any]]) -> str:
     for rule, entry in selected.items():
         label = "oracle (reads target)" if rule == "oracle" else rule
         row = [label, str(entry["round"])]
-        row += [f"{entry['id'][d]:.1f}" for d in id_domains] + [f"{entry['id_mean']:.1f}"]
-        row += [f"{entry['ood'][d]:.1f}" for d in ood_domains] + [f"{entry['ood_mean']:.1f}"]
+        spread = entry.get("probe_std", {})
+
+        def cell(kind: str, domain: str) -> str:
+            deviation = spread.get(kind, {}).get(domain)
+            return f"{entry[kind][domain]:.1f}" + ("" if deviation is None else f"±{deviation:.1f}")
+
+        row += [cell("id", d) for d in id_domains] + [f"{entry['id_mean']:.1f}"]
+        row += [cell("ood", d) for d in ood_domains] + [f"{entry['ood_mean']:.1f}"]
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in rows]
