@@ -1,6 +1,7 @@
 """Self-supervised clients (FedSimCLR, FedMoCo, FedBYOL, FedSimSiam, FedEMA, FedGaLA): NT-Xent by
 hand, label blindness, what travels and what stays on the client, FedEMA's moving average by
-hand, MoCo's queue across a resumed run, and the CIFAR-style ResNet-18."""
+hand, a resumed run equal to an uninterrupted one (MoCo's queue, BYOL's target, FedEMA's own model,
+FedGaLA's reference), and the CIFAR-style ResNet-18."""
 
 from __future__ import annotations
 
@@ -184,6 +185,22 @@ def test_a_resumed_moco_run_equals_an_uninterrupted_one(tmp_path, monkeypatch):
     queues = [[s["buffers"]["queue"] for s in c["client_states"]] for c in checkpoints]
     keys = [[s["modules"]["key_network"]["0.layers.0.weight"] for s in c["client_states"]] for c in checkpoints]
     assert all(torch.equal(a, b) for a, b in zip(*queues)) and all(torch.equal(a, b) for a, b in zip(*keys))
+    models = [c["strategy"]["model"] for c in checkpoints]
+    assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])
+
+
+@pytest.mark.parametrize("name", ["fedbyol", "fedema", "fedgala"])
+def test_a_resumed_run_equals_an_uninterrupted_one(name, tmp_path, monkeypatch):
+    """What each method keeps between rounds survives the checkpoint: BYOL's target network on the
+    client, FedEMA's own previous model and its scaler on the client, FedGaLA's previous global
+    model on the server (the reference of round 3 is θ² − θ¹)."""
+    settings = dict(algorithm=name, model="lenet", rounds=3, local_steps=2, batch_size=16, hp=small_hp(name),
+                    linear_probe={"epochs": 2})
+    straight, resumed, logs = run_straight_and_resumed(tmp_path, monkeypatch, get_algorithm(name).trainer_class,
+                                                       **settings)
+    assert logs["resumed"] == logs["straight"] and len(logs["straight"]) == 3
+    assert resumed["selection"] == straight["selection"]
+    checkpoints = [torch.load(tmp_path / run / "checkpoint.pt", weights_only=False) for run in ("straight", "resumed")]
     models = [c["strategy"]["model"] for c in checkpoints]
     assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])
 
