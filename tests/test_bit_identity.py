@@ -8,8 +8,10 @@ these methods changes at least one of these numbers.
 
 MCGDM's two entries (the full method and its "+ RandAug" row, both with Adam as in
 ``docs/results/pacs32-mcgdm.md``) were recorded on commit 75daa6a, the code that ran the
-committed PACS MCGDM jobs, so they also vouch that the later MCGDM switches left those jobs'
-defaults unchanged.
+committed PACS MCGDM jobs: they pin MCGDM's trainer and server on a short run (LeNet, no
+MixStyle), so the later MCGDM switches left their defaults' arithmetic unchanged. The
+``fedsimclr_probe`` entry (two repeated linear probes) and ``local`` (several models averaged)
+were recorded on commit af819eb and pin the evaluation's probe and multi-model paths.
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ PINNED = json.loads(r"""
    23.353293413173652
   ]
  },
- "mcgdm": {
+ "mcgdm_adam": {
   "train_loss": [
    2.3030042330423988,
    2.302255328496297
@@ -173,7 +175,7 @@ PINNED = json.loads(r"""
    10.419161676646706
   ]
  },
- "mcgdm_randaug": {
+ "mcgdm_adam_randaug": {
   "train_loss": [
    2.302210474014282,
    2.2968252182006834
@@ -202,26 +204,88 @@ PINNED = json.loads(r"""
    10.419161676646706,
    10.419161676646706
   ]
+ },
+ "fedsimclr_probe": {
+  "train_loss": [
+   3.390562629699707,
+   3.269693501790365
+  ],
+  "update_norms": [
+   [
+    2.5760206154645715,
+    2.581312717123871,
+    2.5891948699933325,
+    2.5836453526044036,
+    2.602012535655207
+   ],
+   [
+    2.039633585739308,
+    2.0537247019396636,
+    2.047714759503001,
+    2.0413610294559015,
+    2.0354411652165902
+   ]
+  ],
+  "ood_mean": [
+   13.866667076945305,
+   13.600000366568565
+  ],
+  "id_mean": [
+   10.66666666418314,
+   10.333333425223827
+  ]
+ },
+ "local": {
+  "train_loss": [
+   2.302034870783488,
+   2.2937163352966308
+  ],
+  "update_norms": [
+   [
+    0.5632837038668965,
+    0.5533327543253639,
+    0.5785809978018666,
+    0.5489225593096223,
+    0.57628493415555
+   ],
+   [
+    0.5553308332047826,
+    0.5863069054141836,
+    0.5822675953177269,
+    0.5845672904199283,
+    0.5634742257295395
+   ]
+  ],
+  "ood_mean": [
+   12.517985611510792,
+   14.86810551558753
+  ],
+  "id_mean": [
+   10.778443113772454,
+   19.40119760479042
+  ]
  }
 }
 """)
 
 
-# Pinned entries that are not an algorithm with its defaults: (algorithm, hyperparameters).
+# Pinned entries that are not an algorithm with its defaults: (algorithm, hyperparameters, other settings).
 VARIANTS = {
-    "mcgdm": ("mcgdm", {"client_optimizer": "adam"}),
-    "mcgdm_randaug": ("mcgdm", {"client_optimizer": "adam", "use_intra": False, "use_inter": False}),
+    "mcgdm_adam": ("mcgdm", {"client_optimizer": "adam"}, {}),
+    "mcgdm_adam_randaug": ("mcgdm", {"client_optimizer": "adam", "use_intra": False, "use_inter": False}, {}),
+    "fedsimclr_probe": ("fedsimclr", {"projection_hidden_dim": 64, "projection_dim": 32},
+                        {"linear_probe": {"epochs": 5, "repeats": 2}}),
 }
 
 
 @pytest.mark.parametrize("entry", sorted(PINNED))
 def test_short_run_is_bit_identical_to_the_recorded_one(entry, tmp_path):
-    algorithm, hp = VARIANTS.get(entry, (entry, {}))
+    algorithm, hp, settings = VARIANTS.get(entry, (entry, {}, {}))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the values were recorded with one thread (reductions differ across thread counts)
     try:
         config = ExperimentConfig(algorithm=algorithm, model="lenet", rounds=2, local_steps=3, batch_size=16,
-                                  run_dir=tmp_path / "run", seed=0, hp=hp)
+                                  run_dir=tmp_path / "run", seed=0, hp=hp, **settings)
         run_experiment(config, progress=False, echo=lambda *_: None)
     finally:
         torch.set_num_threads(threads)

@@ -202,7 +202,7 @@ def test_a_resumed_run_equals_an_uninterrupted_one(name, tmp_path, monkeypatch):
     assert resumed["selection"] == straight["selection"]
     checkpoints = [torch.load(tmp_path / run / "checkpoint.pt", weights_only=False) for run in ("straight", "resumed")]
     models = [c["strategy"]["model"] for c in checkpoints]
-    assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])
+    assert models[0].keys() == models[1].keys() and all(torch.equal(models[0][k], models[1][k]) for k in models[0])
 
 
 def test_self_supervised_methods_choose_the_linear_probe_and_their_own_views():

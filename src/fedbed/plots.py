@@ -212,7 +212,8 @@ def _caption(figure, notes: list[str]) -> None:
     import textwrap
 
     if notes:
-        text = "\n".join(line for note in notes for line in textwrap.wrap(note, 150))
+        text = "\n".join(line for note in ["the sweep's finished runs (all targets):", *notes]
+                          for line in textwrap.wrap(note, 150))
         figure.text(0.0, -0.02, text, fontsize="x-small", va="top", ha="left")
 
 

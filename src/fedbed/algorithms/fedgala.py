@@ -267,7 +267,8 @@ class FedAvgGlobalAlignment(SupervisedAlgorithm):
 
     name = "fedavg_global_alignment"
     secure_aggregation_compatible = False  # the server needs each client's own update or model
-    summary = "FedAvg clients; server reweights client updates by their alignment with the consensus (FedGaLA Alg. 1, lines 5-13)."
+    summary = ("FedAvg clients; server reweights client updates by their alignment with the consensus "
+               "(FedGaLA, fedgala.md Alg. 1, lines 5-13).")
     hyperparameters = GlobalAlignmentHyperparameters
 
     def create_strategy(self, hparams: GlobalAlignmentHyperparameters, context: AlgorithmContext) -> GlobalAlignmentStrategy:

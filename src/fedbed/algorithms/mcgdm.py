@@ -18,7 +18,8 @@ and g_j (the heads C_j^{t−1} themselves are constants).
 The server (Eq. 9) averages the clients' models weighted by n_k / n and sends every client the
 global model and, as read-only payload arrays, every replying client's head of the previous round
 (``head<j>/<parameter>``); they are neither averaged nor echoed, and their bytes appear in the
-round's communication telemetry.
+round's communication telemetry. Rows whose loss reads no head (Table 4 without L_inter, Table
+5's KL and SupCon) get none: their payloads are FedAvg's.
 
 Readings where the paper leaves a choice (each tested):
 
@@ -363,8 +364,9 @@ class MCGDMStrategy(FedAvgStrategy):
         return payloads
 
     def aggregate(self, round_number: int, replies: dict[int, Reply]) -> RoundSummary:
-        self.heads = {client: {name.removeprefix(HEAD_PREFIX): tensor.clone() for name, tensor in reply.arrays.items()
-                               if name.startswith(HEAD_PREFIX)} for client, reply in replies.items()}
+        if self.send_heads:
+            self.heads = {client: {name.removeprefix(HEAD_PREFIX): tensor.clone() for name, tensor in reply.arrays.items()
+                                   if name.startswith(HEAD_PREFIX)} for client, reply in replies.items()}
         summary = super().aggregate(round_number, replies)
         for term in ("intra", "inter", "align", "lr"):
             values = [r.metrics[term] for r in replies.values() if term in r.metrics]
@@ -387,7 +389,8 @@ class MCGDM(SupervisedAlgorithm):
     name = "mcgdm"
     secure_aggregation_compatible = False  # the server needs each client's own update or model
     summary = ("MCGDM (Wei and Han, AAAI 2024; mcgdm.md): CE on x and RandAugment(x) + λ intra-domain + (1−λ) inter-domain gradient matching "
-               "on the classifier head (Eq. 8); FedAvg server sending every client's previous head (Eq. 9).")
+               "on the classifier head (Eq. 8); FedAvg server sending every client's previous head (Eq. 9) to "
+               "the losses that read them.")
     hyperparameters = MCGDMHyperparameters
     trainer_class = MCGDMTrainer
     draws_its_own_views = True

@@ -562,7 +562,7 @@ class FedSimCLR(SelfSupervisedAlgorithm):
     """FedSimCLR (``fedgala.md`` Sec. 4 "Baselines"): SimCLR clients, FedAvg."""
 
     name = "fedsimclr"
-    summary = "FedSimCLR (FedGaLA's baseline): SimCLR's (Chen et al. 2020) NT-Xent on two views per client, FedAvg of encoder + projector."
+    summary = "FedSimCLR (FedGaLA's baseline): SimCLR (Chen et al. 2020), NT-Xent on two views per client, FedAvg of encoder + projector."
     hyperparameters = SimCLRHyperparameters
     objective = SimCLRObjective
 

@@ -150,9 +150,10 @@ def evaluate_models(
         """The models' mean score (each model's the mean of its repeats), and its spread over repeats."""
         scores = [sum(repeats) / len(repeats) for repeats in per_model]
         result[kind][domain_names[domain_id]] = sum(scores) / len(scores)
-        if probe is not None and probe.repeats > 1:
-            per_repeat = [fmean(values) for values in zip(*per_model)]
-            spread[kind][domain_names[domain_id]] = stdev(per_repeat)
+        per_repeat = [fmean(values) for values in zip(*per_model)]
+        if probe is not None and len(per_repeat) > 1:  # id scores the clients computed have no repeats
+            nan = any(math.isnan(value) for value in per_repeat)
+            spread[kind][domain_names[domain_id]] = float("nan") if nan else stdev(per_repeat)
 
     for domain_id in holdout if id_statistics is None or id_domains is None else id_domains:
         counted = [j for j, (_, ds) in enumerate(models) if ds is None or domain_id in ds]
