@@ -388,9 +388,9 @@ class MCGDM(SupervisedAlgorithm):
 
     name = "mcgdm"
     secure_aggregation_compatible = False  # the server needs each client's own update or model
-    summary = ("MCGDM (Wei and Han, AAAI 2024; mcgdm.md): CE on x and RandAugment(x) + λ intra-domain + (1−λ) inter-domain gradient matching "
-               "on the classifier head (Eq. 8); FedAvg server sending every client's previous head (Eq. 9) to "
-               "the losses that read them.")
+    summary = ("MCGDM (Wei and Han, AAAI 2024; mcgdm.md): CE on x and RandAugment(x) + λ intra-domain "
+               "+ (1−λ) inter-domain gradient matching on the classifier head (Eq. 8); FedAvg server sending "
+               "every client's previous head (Eq. 9) to the losses that read them.")
     hyperparameters = MCGDMHyperparameters
     trainer_class = MCGDMTrainer
     draws_its_own_views = True

@@ -562,7 +562,8 @@ class FedSimCLR(SelfSupervisedAlgorithm):
     """FedSimCLR (``fedgala.md`` Sec. 4 "Baselines"): SimCLR clients, FedAvg."""
 
     name = "fedsimclr"
-    summary = "FedSimCLR (FedGaLA's baseline): SimCLR (Chen et al. 2020), NT-Xent on two views per client, FedAvg of encoder + projector."
+    summary = ("FedSimCLR (FedGaLA's baseline): SimCLR (Chen et al. 2020), NT-Xent on two views per client, "
+               "FedAvg of encoder + projector.")
     hyperparameters = SimCLRHyperparameters
     objective = SimCLRObjective
 
@@ -572,7 +573,8 @@ class FedMoCo(SelfSupervisedAlgorithm):
     """FedMoCo (``fedgala.md`` Sec. 4): MoCo clients (momentum encoder and queue stay local), FedAvg."""
 
     name = "fedmoco"
-    summary = "FedMoCo (FedGaLA's baseline): MoCo (He et al. 2020) with a local momentum encoder and queue, FedAvg of encoder + projector."
+    summary = ("FedMoCo (FedGaLA's baseline): MoCo (He et al. 2020) with a local momentum encoder and queue, "
+               "FedAvg of encoder + projector.")
     hyperparameters = MoCoHyperparameters
     objective = MoCoObjective
 
@@ -582,7 +584,8 @@ class FedBYOL(SelfSupervisedAlgorithm):
     """FedBYOL (``fedgala.md`` Sec. 4; Zhuang et al. 2021): predictor and target stay local."""
 
     name = "fedbyol"
-    summary = "FedBYOL (FedGaLA's baseline): BYOL (Grill et al. 2020) with a local predictor and target, FedAvg of online encoder + projector."
+    summary = ("FedBYOL (FedGaLA's baseline): BYOL (Grill et al. 2020) with a local predictor and target, "
+               "FedAvg of online encoder + projector.")
     hyperparameters = BYOLHyperparameters
     objective = BYOLObjective
 
@@ -592,7 +595,8 @@ class FedSimSiam(SelfSupervisedAlgorithm):
     """FedSimSiam (``fedgala.md`` Sec. 4; Zhuang et al. 2021): the predictor stays local."""
 
     name = "fedsimsiam"
-    summary = "FedSimSiam (FedGaLA's baseline): SimSiam (Chen and He 2021) with a local predictor, FedAvg of encoder + projector."
+    summary = ("FedSimSiam (FedGaLA's baseline): SimSiam (Chen and He 2021) with a local predictor, "
+               "FedAvg of encoder + projector.")
     hyperparameters = SimSiamHyperparameters
     objective = SimSiamObjective
 

@@ -150,10 +150,11 @@ def evaluate_models(
         """The models' mean score (each model's the mean of its repeats), and its spread over repeats."""
         scores = [sum(repeats) / len(repeats) for repeats in per_model]
         result[kind][domain_names[domain_id]] = sum(scores) / len(scores)
+        if probe is None or min(map(len, per_model)) < 2:  # scores the clients computed have no repeats
+            return
         per_repeat = [fmean(values) for values in zip(*per_model)]
-        if probe is not None and len(per_repeat) > 1:  # id scores the clients computed have no repeats
-            nan = any(math.isnan(value) for value in per_repeat)
-            spread[kind][domain_names[domain_id]] = float("nan") if nan else stdev(per_repeat)
+        nan = any(math.isnan(value) for value in per_repeat)
+        spread[kind][domain_names[domain_id]] = float("nan") if nan else stdev(per_repeat)
 
     for domain_id in holdout if id_statistics is None or id_domains is None else id_domains:
         counted = [j for j, (_, ds) in enumerate(models) if ds is None or domain_id in ds]
@@ -238,6 +239,10 @@ def mean_of_last_evaluations(evaluations: list[dict[str, Any]]) -> dict[str, Any
 def format_domain_table(selected: dict[str, dict[str, Any]]) -> str:
     """A plain-text table: one row per selection rule, one column per domain (id then ood); a
     linear probe's spread over its repeats (``probe_std``) follows a domain's score after ±."""
+    def cell(entry: dict[str, Any], kind: str, domain: str) -> str:
+        deviation = entry.get("probe_std", {}).get(kind, {}).get(domain)
+        return f"{entry[kind][domain]:.1f}" + ("" if deviation is None else f"±{deviation:.1f}")
+
     first = next(iter(selected.values()))
     id_domains, ood_domains = list(first["id"]), list(first["ood"])
     header = ["selection", "round"] + [f"id:{d}" for d in id_domains] + ["id mean"]
@@ -246,14 +251,8 @@ def format_domain_table(selected: dict[str, dict[str, Any]]) -> str:
     for rule, entry in selected.items():
         label = "oracle (reads target)" if rule == "oracle" else rule
         row = [label, str(entry["round"])]
-        spread = entry.get("probe_std", {})
-
-        def cell(kind: str, domain: str) -> str:
-            deviation = spread.get(kind, {}).get(domain)
-            return f"{entry[kind][domain]:.1f}" + ("" if deviation is None else f"±{deviation:.1f}")
-
-        row += [cell("id", d) for d in id_domains] + [f"{entry['id_mean']:.1f}"]
-        row += [cell("ood", d) for d in ood_domains] + [f"{entry['ood_mean']:.1f}"]
+        row += [cell(entry, "id", d) for d in id_domains] + [f"{entry['id_mean']:.1f}"]
+        row += [cell(entry, "ood", d) for d in ood_domains] + [f"{entry['ood_mean']:.1f}"]
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in rows]
