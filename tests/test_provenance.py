@@ -18,7 +18,8 @@ def test_each_start_of_a_run_is_recorded_with_the_code_that_made_it(tmp_path):
     summary = run_experiment(config.model_copy(update={"rounds": 2}), resume=True, progress=False, echo=lambda *_: None)
     starts = [json.loads(line) for line in (tmp_path / "run" / PROVENANCE_NAME).read_text().splitlines()]
     assert [s["after_round"] for s in starts] == [0, 1] and summary["provenance"] == starts
-    assert all(s["source"] == source_fingerprint() and s["torch_threads"] == torch.get_num_threads() for s in starts)
+    assert all(s["source"] == source_fingerprint() and s["torch_threads"] == torch.get_num_threads()
+               and s["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability() for s in starts)
     assert re.fullmatch("[0-9a-f]{12}", source_fingerprint())
     # Resuming a finished run trains nothing, so it records no start.
     again = run_experiment(config.model_copy(update={"rounds": 2}), resume=True, progress=False, echo=lambda *_: None)

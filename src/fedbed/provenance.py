@@ -1,5 +1,5 @@
-"""Which code made a run: FedBed's version and a fingerprint of its source, torch, Python and
-the thread count, recorded each time a run starts or resumes.
+"""Which code made a run: FedBed's version and a fingerprint of its source, torch, Python, the
+thread count and the CPU instruction set, recorded each time a run starts or resumes.
 
 A change to a method's code can change its numbers while every setting stays the same, so a
 finished sweep job (skipped because its settings hash matches, :func:`fedbed.sweep.config_hash`)
@@ -42,9 +42,12 @@ def source_fingerprint() -> str:
 
 
 def current_provenance() -> dict[str, Any]:
-    """``{"fedbed", "source", "torch", "python", "torch_threads"}``: FedBed's version, its
-    :func:`source_fingerprint`, torch's and Python's versions, and torch's intra-op threads
-    (float reductions, and so the last digits of a run, can depend on it)."""
+    """``{"fedbed", "source", "torch", "python", "torch_threads", "torch_cpu_capability"}``:
+    FedBed's version, its :func:`source_fingerprint`, torch's and Python's versions, torch's
+    intra-op threads (float reductions, and so the last digits of a run, can depend on it) and the
+    instruction set torch's CPU kernels use (``"AVX2"``, ``"AVX512"``, ``"DEFAULT"``...): the
+    same code, seed and settings give different last bits on another kind of machine, and
+    training amplifies them (``tests/test_bit_identity.py``)."""
     try:
         version = metadata.version("fedbed")
     except metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
@@ -55,6 +58,7 @@ def current_provenance() -> dict[str, Any]:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "torch_threads": torch.get_num_threads(),
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
 
 
