@@ -8,8 +8,8 @@ floating-point operation of these methods changes at least one of these numbers.
 Exact values depend on the machine's arithmetic, not only on the code: torch's CPU kernels
 differ by instruction set and vendor. On an AMD EPYC with torch CPU capability AVX2 the first
 recordings are missed by up to 5e-7 relative for the supervised entries and by 4% for
-``fedsimclr_probe`` (its random-resized-crop views and its probe's accuracies amplify the last
-bits). So each kind of machine has its own recording, and a new one is recorded on a commit whose
+``fedsimclr_probe`` (6e-4 already in its first round's loss; its probe's accuracies amplify the
+rest). So each kind of machine has its own recording, and a new one is recorded on a commit whose
 runs equal an existing recording on the machine that made it.
 
 The first recordings: the method entries on the code before the engine seams (read-only payload
