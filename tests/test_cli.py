@@ -247,3 +247,6 @@ def test_algorithms_show_the_values_a_run_on_a_dataset_uses_and_their_source():
     assert "client_lr=0.001," in on_mnist.output and "client_lr=0.001 [" not in on_mnist.output
     unknown = runner.invoke(app, ["algorithms", "fedfoo"])
     assert unknown.exit_code == 2 and "unknown algorithm 'fedfoo'" in unknown.output
+    mcgdm = runner.invoke(app, ["algorithms", "mcgdm", "--dataset", "pacs"])
+    assert ("run settings on PACS (its paper's, where a run leaves them unset): rounds=40, local_epochs=1, "
+            "batch_size=16, mixstyle=True") in mcgdm.output

@@ -214,3 +214,24 @@ def test_the_runs_augmentation_setting_is_refused_for_mcgdm(tmp_path):
     with pytest.raises(ConfigError, match="mcgdm draws its own augmented views"):
         run_experiment(ExperimentConfig(algorithm="mcgdm", model="lenet", augmentation="flip_crop", run_dir=tmp_path),
                        progress=False, echo=lambda *_: None)
+
+
+def test_the_papers_run_settings_fill_only_what_a_run_leaves_unset():
+    from fedbed.algorithms.mcgdm import MCGDM
+
+    def settings(config):
+        return config.rounds, config.local_epochs, config.local_steps, config.batch_size, config.mixstyle
+
+    # mcgdm.md, Implementation Details and Table 4: 40 rounds x 1 epoch, batch 16 (Office-Home 30), MixStyle.
+    assert settings(ExperimentConfig(dataset="pacs", algorithm="MCGDM", target="sketch")) == (40, 1, None, 16, True)
+    assert settings(ExperimentConfig(dataset="OfficeHome", algorithm="mcgdm", target="Art")) == (40, 1, None, 30, True)
+    # a value the run gives wins, even when it equals a general default; either budget keeps the run's own
+    given = ExperimentConfig(dataset="PACS", algorithm="mcgdm", target="sketch", rounds=15, batch_size=64, mixstyle=False)
+    assert settings(given) == (15, 1, None, 64, False)
+    assert settings(ExperimentConfig(dataset="PACS", algorithm="mcgdm", target="sketch", local_steps=5)) == (40, None, 5, 16, True)
+    # the paper gives nothing for RotatedMNIST, and other methods keep the general defaults on PACS
+    general = settings(ExperimentConfig(dataset="RotatedMNIST", algorithm="fedavg"))
+    assert general == (15, 2, None, 64, None)
+    assert settings(ExperimentConfig(dataset="RotatedMNIST", algorithm="mcgdm")) == general
+    assert settings(ExperimentConfig(dataset="PACS", algorithm="fedavg", target="sketch")) == general
+    assert set(MCGDM.dataset_run_settings) == {"PACS", "VLCS", "OfficeHome"}

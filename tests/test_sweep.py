@@ -356,3 +356,19 @@ def test_sweep_processes_sharing_a_folder_never_run_the_same_job(tmp_path):
     claim_path(held_job.run_dir).write_text(json.dumps({"host": "another-host", "pid": 1}))
     release_job(held_job.run_dir)
     assert claim_path(held_job.run_dir).exists()
+
+
+def test_every_committed_job_is_a_job_of_its_sweep_file():
+    # A change of the settings' defaults or of the hash would leave committed results unfound and
+    # make the documented commands run them again.
+    from pathlib import Path
+
+    from fedbed.sweep import load_sweep_file
+
+    root = Path(__file__).resolve().parent.parent
+    folders = sorted(path.parent for path in (root / "results" / "sweeps").glob("*/sweep.yaml"))
+    assert folders, "no committed sweep folder found"
+    for folder in folders:
+        jobs = {config.run_dir.name for config in expand(load_sweep_file(root / "docs" / "sweeps" / f"{folder.name}.yaml"), folder)}
+        committed = {marker.parent.name for marker in folder.glob(f"*/{DONE_MARKER}")}
+        assert committed and committed <= jobs, f"{folder.name}: committed jobs no sweep job names: {sorted(committed - jobs)}"

@@ -234,11 +234,18 @@ def algorithms(
             typer.echo(f"{'':10s} hyperparameters (general defaults): {defaults}")
             for on, values in algorithm.dataset_defaults.items():
                 typer.echo(f"{'':10s} on {on} (its paper's values): {', '.join(f'{k}={v}' for k, v in values.items())}")
+            for on, values in algorithm.dataset_run_settings.items():
+                typer.echo(f"{'':10s} run settings on {on} (its paper's, where a run leaves them unset): "
+                           f"{', '.join(f'{k}={v}' for k, v in values.items())}")
             continue
         resolved = resolve_hyperparameters(algorithm, {}, spec.name).model_dump()
         paper = algorithm.dataset_defaults.get(spec.name, {})
         cells = [f"{k}={v}" + (f" [paper's value on {spec.name}]" if k in paper else "") for k, v in resolved.items()]
         typer.echo(f"{'':10s} hyperparameters on {spec.name}: {', '.join(cells)}")
+        run_settings = algorithm.dataset_run_settings.get(spec.name)
+        if run_settings:
+            typer.echo(f"{'':10s} run settings on {spec.name} (its paper's, where a run leaves them unset): "
+                       f"{', '.join(f'{k}={v}' for k, v in run_settings.items())}")
 
 
 @data_app.command("prepare")

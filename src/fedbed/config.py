@@ -114,6 +114,7 @@ class ExperimentConfig(BaseModel):
             ``unit`` ([0, 1]) or ``symmetric`` ([−1, 1]).
         mixstyle: insert MixStyle layers into the featurizer (Zhou et al. 2021; MCGDM's Baseline,
             :mod:`fedbed.models.mixstyle`); unset: none.
+
         evaluation_protocol: ``argmax`` (the model's own predictions) or ``linear_probe`` (a
             linear classifier on the frozen featurizer, trained on a seeded labelled share of each
             evaluated domain: on the target it reads target labels, and the summary says so);
@@ -153,6 +154,11 @@ class ExperimentConfig(BaseModel):
         attacking_clients: how many clients (ids 0, 1, ...) ``attack`` makes misbehave (unset: 1).
         hp: algorithm hyperparameters by name (validated by the algorithm).
         run_dir: output folder (default ``runs/<dataset>/<algorithm>/<target>/seed<seed>``).
+
+    Settings left unset take the general defaults of the fields, except where the run's method
+    gives its paper's run settings for the run's dataset
+    (:attr:`fedbed.algorithms.Algorithm.dataset_run_settings`; e.g. MCGDM on PACS: 40 rounds of
+    1 local epoch, batch 16, MixStyle); ``fedbed algorithms`` lists them.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -259,6 +265,23 @@ class ExperimentConfig(BaseModel):
             self.algorithm = get_algorithm(self.algorithm).name
         except AlgorithmError:
             pass
+        return self
+
+    @model_validator(mode="after")
+    def _paper_run_settings(self) -> "ExperimentConfig":
+        # The method's paper's run settings on its datasets (Algorithm.dataset_run_settings) fill
+        # the settings the run leaves unset; a run that gives either budget keeps its own.
+        try:
+            algorithm = get_algorithm(self.algorithm)
+        except AlgorithmError:
+            return self
+        if self.dataset not in known_datasets():
+            return self
+        given = self.model_fields_set
+        for setting, value in algorithm.dataset_run_settings.get(self.dataset, {}).items():
+            if setting in given or (setting in BUDGET_SETTINGS and given.intersection(BUDGET_SETTINGS)):
+                continue
+            setattr(self, setting, value)
         return self
 
     @model_validator(mode="after")

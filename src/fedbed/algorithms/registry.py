@@ -78,6 +78,12 @@ class Algorithm(ABC):
         pooled: True for Central / DeepAll (one client holding every source domain).
         dataset_defaults: per dataset name, hyperparameter values the paper uses there; they
             replace the general defaults and are themselves replaced by the user's values.
+        dataset_run_settings: per dataset name, the run settings the paper trains with there
+            (fields of :class:`fedbed.config.ExperimentConfig`: ``rounds``, ``local_epochs``,
+            ``batch_size``, ``mixstyle``); they replace the general defaults of the settings a
+            run leaves unset (a run that gives ``local_steps`` keeps its budget), so ``fedbed
+            run --algorithm NAME --dataset D`` trains with the paper's budget on the paper's
+            datasets. On other datasets the general defaults apply.
         evaluation_protocol: how the method's representation is scored unless the config says
             otherwise (``argmax``, or ``linear_probe`` for self-supervised methods).
         draws_its_own_views: the method augments its batches itself (its own hyperparameter
@@ -96,6 +102,7 @@ class Algorithm(ABC):
     hyperparameters: ClassVar[type[Hyperparameters]]
     pooled: ClassVar[bool] = False
     dataset_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
+    dataset_run_settings: ClassVar[dict[str, dict[str, Any]]] = {}
     evaluation_protocol: ClassVar[str] = "argmax"
     draws_its_own_views: ClassVar[bool] = False
     secure_aggregation_compatible: ClassVar[bool] = True

@@ -244,5 +244,6 @@ def build_model(
         try:
             featurizer = insert_mixstyle(name, featurizer)
         except ValueError as error:
-            raise ModelError(str(error)) from None
+            raise ModelError(f"{error}; choose one of those models or set mixstyle: false in the --config "
+                             f"file (a method's paper settings may turn it on: see `fedbed algorithms`)") from None
     return DomainClassifier(featurizer, nn.Linear(dim, num_classes), dim)
