@@ -229,6 +229,10 @@ def test_the_papers_run_settings_fill_only_what_a_run_leaves_unset():
     given = ExperimentConfig(dataset="PACS", algorithm="mcgdm", target="sketch", rounds=15, batch_size=64, mixstyle=False)
     assert settings(given) == (15, 1, None, 64, False)
     assert settings(ExperimentConfig(dataset="PACS", algorithm="mcgdm", target="sketch", local_steps=5)) == (40, None, 5, 16, True)
+    # a switch set to null is off, and stays off through Flower's run config (which drops nulls)
+    off = ExperimentConfig(dataset="PACS", algorithm="mcgdm", target="sketch", mixstyle=None)
+    assert off.mixstyle is False
+    assert ExperimentConfig(**json.loads(off.model_dump_json(exclude_none=True))).mixstyle is False
     # the paper gives nothing for RotatedMNIST, and other methods keep the general defaults on PACS
     general = settings(ExperimentConfig(dataset="RotatedMNIST", algorithm="fedavg"))
     assert general == (15, 2, None, 64, None)

@@ -270,7 +270,9 @@ class ExperimentConfig(BaseModel):
     @model_validator(mode="after")
     def _paper_run_settings(self) -> "ExperimentConfig":
         # The method's paper's run settings on its datasets (Algorithm.dataset_run_settings) fill
-        # the settings the run leaves unset; a run that gives either budget keeps its own.
+        # the settings the run leaves unset; a run that gives either budget keeps its own. A switch
+        # the run sets to null is stored as off (False): transports that drop nulls (Flower's run
+        # config) would otherwise rebuild it as unset, and the paper's value would turn it on.
         try:
             algorithm = get_algorithm(self.algorithm)
         except AlgorithmError:
@@ -279,9 +281,11 @@ class ExperimentConfig(BaseModel):
             return self
         given = self.model_fields_set
         for setting, value in algorithm.dataset_run_settings.get(self.dataset, {}).items():
-            if setting in given or (setting in BUDGET_SETTINGS and given.intersection(BUDGET_SETTINGS)):
-                continue
-            setattr(self, setting, value)
+            if setting in given:
+                if getattr(self, setting) is None and isinstance(value, bool):
+                    setattr(self, setting, False)
+            elif not (setting in BUDGET_SETTINGS and given.intersection(BUDGET_SETTINGS)):
+                setattr(self, setting, value)
         return self
 
     @model_validator(mode="after")
