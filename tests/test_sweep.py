@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 import sqlite3
 import os
 import socket
@@ -17,7 +18,9 @@ from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.plots import plot_sweep
 from fedbed.results import query_rounds
 from fedbed.run_directory import DONE_MARKER
-from fedbed.sweep import SweepSpec, _run_job, claim_job, claim_path, config_hash, expand, release_job, run_sweep
+from fedbed.sweep import (
+    SweepSpec, _run_job, claim_job, claim_path, config_hash, expand, load_sweep_file, release_job, run_sweep,
+)
 
 runner = CliRunner()
 
@@ -361,10 +364,6 @@ def test_sweep_processes_sharing_a_folder_never_run_the_same_job(tmp_path):
 def test_every_committed_job_is_a_job_of_its_sweep_file():
     # A change of the settings' defaults or of the hash would leave committed results unfound and
     # make the documented commands run them again.
-    from pathlib import Path
-
-    from fedbed.sweep import load_sweep_file
-
     root = Path(__file__).resolve().parent.parent
     folders = sorted(path.parent for path in (root / "results" / "sweeps").glob("*/sweep.yaml"))
     assert folders, "no committed sweep folder found"

@@ -223,6 +223,9 @@ def algorithms(
         spec = dataset_spec(dataset) if dataset is not None else None
     except (AlgorithmError, DataError) as error:
         fail(str(error))
+    def listed(values: dict) -> str:
+        return ", ".join(f"{k}={v}" for k, v in values.items())
+
     for algorithm in chosen:
         server = ("averages: secure-aggregation compatible; robust_aggregation and differential_privacy apply"
                   if algorithm.secure_aggregation_compatible else
@@ -233,10 +236,9 @@ def algorithms(
             defaults = ", ".join(f"{k}={f.default}" for k, f in algorithm.hyperparameters.model_fields.items())
             typer.echo(f"{'':10s} hyperparameters (general defaults): {defaults}")
             for on, values in algorithm.dataset_defaults.items():
-                typer.echo(f"{'':10s} on {on} (its paper's values): {', '.join(f'{k}={v}' for k, v in values.items())}")
+                typer.echo(f"{'':10s} on {on} (its paper's values): {listed(values)}")
             for on, values in algorithm.dataset_run_settings.items():
-                typer.echo(f"{'':10s} run settings on {on} (its paper's, where a run leaves them unset): "
-                           f"{', '.join(f'{k}={v}' for k, v in values.items())}")
+                typer.echo(f"{'':10s} run settings on {on} (its paper's, where a run leaves them unset): {listed(values)}")
             continue
         resolved = resolve_hyperparameters(algorithm, {}, spec.name).model_dump()
         paper = algorithm.dataset_defaults.get(spec.name, {})
@@ -245,7 +247,7 @@ def algorithms(
         run_settings = algorithm.dataset_run_settings.get(spec.name)
         if run_settings:
             typer.echo(f"{'':10s} run settings on {spec.name} (its paper's, where a run leaves them unset): "
-                       f"{', '.join(f'{k}={v}' for k, v in run_settings.items())}")
+                       f"{listed(run_settings)}")
 
 
 @data_app.command("prepare")

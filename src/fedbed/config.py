@@ -114,7 +114,6 @@ class ExperimentConfig(BaseModel):
             ``unit`` ([0, 1]) or ``symmetric`` ([−1, 1]).
         mixstyle: insert MixStyle layers into the featurizer (Zhou et al. 2021; MCGDM's Baseline,
             :mod:`fedbed.models.mixstyle`); unset: none.
-
         evaluation_protocol: ``argmax`` (the model's own predictions) or ``linear_probe`` (a
             linear classifier on the frozen featurizer, trained on a seeded labelled share of each
             evaluated domain: on the target it reads target labels, and the summary says so);
