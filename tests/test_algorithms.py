@@ -46,6 +46,45 @@ def test_every_method_names_its_source_in_its_summary(name):
     assert re.search(r"\b(19|20)\d\d\b|\.md\b|\.txt\b", summary), summary
 
 
+# Each paper's run settings on one of its datasets, read off the paper by hand: hfedf.txt Sec. 5.1;
+# fedgala.md Sec. 4 and App. B.1, B.3; fedadg.md Sec. 6.1; ppdg-gradient-alignment.txt Sec. 4.1,
+# 4.2; mcgdm.md, Implementation Details.
+PAPERS_RUN_SETTINGS = {
+    ("hfedf", "PACS"): {"rounds": 200, "local_epochs": 2, "batch_size": 64, "holdout_fraction": 0.1},
+    ("fedgala", "TerraIncognita"): {"rounds": 100, "local_epochs": 7, "batch_size": 128, "image_size": 32},
+    ("fedadg", "OfficeHome"): {"batch_size": 16, "holdout_fraction": 0.3},
+    ("ppdg", "Camelyon17"): {"rounds": 10, "local_epochs": 1, "batch_size": 32},
+    ("ppdg", "PovertyMap"): {"rounds": 200, "local_epochs": 1, "batch_size": 64, "participation_fraction": 0.5},
+    ("mcgdm", "VLCS"): {"rounds": 40, "local_epochs": 1, "batch_size": 16, "mixstyle": True},
+}
+
+
+@pytest.mark.parametrize(("name", "dataset"), sorted(PAPERS_RUN_SETTINGS))
+def test_a_run_that_leaves_settings_unset_trains_with_its_papers_run_settings(name, dataset):
+    expected = PAPERS_RUN_SETTINGS[name, dataset]
+    config = ExperimentConfig(algorithm=name, dataset=dataset)
+    assert {setting: getattr(config, setting) for setting in expected} == expected
+    general = ExperimentConfig(algorithm="fedavg", dataset=dataset)  # FedAvg has no paper's run settings
+    untouched = set(ExperimentConfig.model_fields) - set(expected) - {"algorithm"}
+    assert {s: getattr(config, s) for s in untouched} == {s: getattr(general, s) for s in untouched}
+    # the run's own values win, and a run that gives a budget keeps it whole
+    given = ExperimentConfig(algorithm=name, dataset=dataset, rounds=3, batch_size=5, holdout_fraction=0.25, local_steps=4)
+    assert (given.rounds, given.batch_size, given.holdout_fraction, given.local_steps, given.local_epochs) == (3, 5, 0.25, 4, None)
+
+
+def test_every_declared_run_setting_is_a_setting_of_a_known_dataset():
+    from fedbed.data.catalog import known_datasets
+
+    declared = {(algorithm.name, dataset): settings for algorithm in map(get_algorithm, ALGORITHMS)
+                for dataset, settings in algorithm.dataset_run_settings.items()}
+    assert set(PAPERS_RUN_SETTINGS) <= set(declared)
+    for (name, dataset), settings in declared.items():
+        assert dataset in known_datasets(), (name, dataset)
+        assert set(settings) <= set(ExperimentConfig.model_fields) - {"algorithm", "dataset", "target", "hp"}, name
+        config = ExperimentConfig(algorithm=name, dataset=dataset)
+        assert {s: getattr(config, s) for s in settings} == settings
+
+
 def test_weighted_average_by_hand():
     a = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(2)}
     b = {"w": torch.tensor([4.0, -1.0]), "n": torch.tensor(5)}

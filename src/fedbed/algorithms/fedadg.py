@@ -1,6 +1,6 @@
 """FedADG: federated adversarial alignment to a generated reference distribution (``fedadg.md``).
 
-Each client holds four networks (Sec. 4.2, "Network Architecture"): the feature extractor F and
+Each client holds four networks (Sec. 4.2; sizes from Sec. 6.1, "Network Architecture"): the feature extractor F and
 the classifier C (the model's ``featurizer`` and ``classifier``), a distribution generator G and a
 discriminator D with a random projection R in front of it. With hidden size d (the featurizer's
 width), K classes and y the one-hot label ``[B, K]``:
@@ -41,16 +41,17 @@ c4), while Sec. 6.1 calls E0 and E1 "local epochs". FedBed reads E0 and E1 as mu
 run's budget (``local_epochs`` / ``local_steps``): phase 1 trains E0 x the budget, phase 2
 E1 x the budget. ``local_steps: 1`` is Algorithm 1 word for word (one mini-batch per epoch:
 E0 + E1 = 10 batches a round); ``local_epochs: 1`` reads an epoch as a pass over the client's
-data (E0 + E1 = 10 passes a round), as a public implementation of the paper does and as
-``docs/configs/pacs32-fedadg.yaml`` runs it.
+data (E0 + E1 = 10 passes a round), as a public implementation of the paper does;
+``docs/configs/pacs32-fedadg.yaml`` runs ``local_steps: 20`` (each unit 20 mini-batches, 200 a
+round), the budget that fits two CPU cores.
 
 **Server.** F, C and G travel as the model's arrays (the model is a :class:`FedADGModel`, a
 :class:`~fedbed.models.DomainClassifier` that also holds G under the state-dict prefix
 ``generator.``); the server averages them uniformly, 1/K (Step s3), not n_k/n. D and R stay in the
 client's persistent ``state`` (``discriminator``, ``projection``): checkpointed with the run
 in-process, kept in the node's ``context.state`` on Flower, never in a reply. Optimisers are fresh
-every round as in every FedBed method; with the paper's plain SGD (no momentum) they carry no
-state to keep.
+every round as in every FedBed method; with plain SGD (Sec. 6.1 names SGD and no momentum, so
+FedBed uses none) they carry no state to keep.
 
 **Model selection.** "The global model with the highest accuracy across all source domains"
 (Sec. 6.1) is FedBed's ``train_domain_val`` rule (the default of ``fedbed report``).
@@ -427,6 +428,13 @@ class FedADGStrategy(FedAvgStrategy):
         return summary
 
 
+FEDADG_RUN_SETTINGS = {"batch_size": 16, "holdout_fraction": 0.3}
+"""FedADG's run settings on PACS, VLCS and Office-Home (one value for all three): "batch size is
+16" (Sec. 6.1, Model Training); "each domain is divided into a training set (70%) and a validation
+set (30%) randomly" (Sec. 6.1, Datasets). The paper gives no number of rounds, and its E0 and E1
+are counted in units of the run's budget (module docstring), so neither is filled."""
+
+
 @register_algorithm
 class FedADG(SupervisedAlgorithm):
     """FedADG (``fedadg.md``): class-wise adversarial alignment of each client's features to a
@@ -443,6 +451,7 @@ class FedADG(SupervisedAlgorithm):
         "VLCS": {"client_lr": 0.01, "generator_lr": 0.007, "discriminator_lr": 0.007},
         "OfficeHome": {"client_lr": 0.05, "generator_lr": 0.007, "discriminator_lr": 0.001},
     }
+    dataset_run_settings = {dataset: FEDADG_RUN_SETTINGS for dataset in ("PACS", "VLCS", "OfficeHome")}
 
     def wrap_model(self, model: DomainClassifier, hparams: FedADGHyperparameters) -> FedADGModel:
         reference = hparams.reference if hparams.use_alignment else None

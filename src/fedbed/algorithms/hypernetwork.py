@@ -274,6 +274,14 @@ class HypernetworkStrategy(ServerStrategy):
         self.ema.average = state["ema"]
 
 
+HFEDF_RUN_SETTINGS = {"rounds": 200, "local_epochs": 2, "batch_size": 64, "holdout_fraction": 0.1}
+"""hFedF's run settings on PACS, Office-Home and VLCS (one value for all three): "trained for 200
+communication rounds, with 2 local epochs per round and a batch size of 64" (Sec. 5.1, Training
+details; App. C.4 fixes the 2 local epochs for every experiment); "each client retains 10% of its
+source data as a validation set" (Sec. 5.1). The input size is not stated (Table 9's shapes imply
+32 px), so it is not filled."""
+
+
 @register_algorithm
 class HFedF(SupervisedAlgorithm):
     """hFedF (``hfedf.txt``, Sec. 4, Algorithms 1-4; App. C.7-C.8)."""
@@ -287,6 +295,7 @@ class HFedF(SupervisedAlgorithm):
         "OfficeHome": {"server_weight_decay": 1e-5, "ema_decay": 0.75},
         "VLCS": {"server_weight_decay": 1e-3, "ema_decay": 0.75},
     }
+    dataset_run_settings = {dataset: HFEDF_RUN_SETTINGS for dataset in ("PACS", "OfficeHome", "VLCS")}
 
     def create_strategy(self, hparams: HFedFHyperparameters, context: AlgorithmContext) -> HypernetworkStrategy:
         return HypernetworkStrategy(hparams, context.seed)

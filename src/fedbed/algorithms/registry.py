@@ -80,7 +80,8 @@ class Algorithm(ABC):
             replace the general defaults and are themselves replaced by the user's values.
         dataset_run_settings: per dataset name, the run settings the paper trains with there
             (fields of :class:`fedbed.config.ExperimentConfig`: ``rounds``, ``local_epochs``,
-            ``batch_size``, ``mixstyle``); they replace the general defaults of the settings a
+            ``batch_size``, ``mixstyle``, ``holdout_fraction``, ``image_size``,
+            ``participation_fraction``); they replace the general defaults of the settings a
             run leaves unset (a run that gives ``local_steps`` keeps its budget), so ``fedbed
             run --algorithm NAME --dataset D`` trains with the paper's budget on the paper's
             datasets. On other datasets the general defaults apply.
