@@ -51,6 +51,7 @@ def test_every_method_names_its_source_in_its_summary(name):
 # 4.2; mcgdm.md, Implementation Details.
 PAPERS_RUN_SETTINGS = {
     ("hfedf", "PACS"): {"rounds": 200, "local_epochs": 2, "batch_size": 64, "holdout_fraction": 0.1},
+    ("pfedhn", "VLCS"): {"rounds": 200, "local_epochs": 2, "batch_size": 64, "holdout_fraction": 0.1},  # as hFedF's baseline
     ("fedgala", "TerraIncognita"): {"rounds": 100, "local_epochs": 7, "batch_size": 128, "image_size": 32},
     ("fedadg", "OfficeHome"): {"batch_size": 16, "holdout_fraction": 0.3},
     ("ppdg", "Camelyon17"): {"rounds": 10, "local_epochs": 1, "batch_size": 32},

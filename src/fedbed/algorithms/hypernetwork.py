@@ -324,6 +324,7 @@ class PFedHN(HFedF):
         dataset: {"server_learning_rate": 1e-3, "server_weight_decay": 1e-4, "client_weight_decay": 1e-4}
         for dataset in ("OfficeHome", "VLCS")
     }
+    dataset_run_settings = HFedF.dataset_run_settings  # hFedF trains every method it compares with so (Sec. 5.1)
 
 
 __all__ = ["HFedF", "HyperNetwork", "HypernetworkStrategy", "PFedHN"]
