@@ -9,6 +9,7 @@ from torch import nn
 
 from fedbed.algorithms import ALGORITHMS, AlgorithmError, get_algorithm, resolve_hyperparameters
 from fedbed.algorithms.fedprox import proximal_term
+from fedbed.data.catalog import known_datasets
 from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.gradients import weighted_average
 
@@ -74,8 +75,6 @@ def test_a_run_that_leaves_settings_unset_trains_with_its_papers_run_settings(na
 
 
 def test_every_declared_run_setting_is_a_setting_of_a_known_dataset():
-    from fedbed.data.catalog import known_datasets
-
     declared = {(algorithm.name, dataset): settings for algorithm in map(get_algorithm, ALGORITHMS)
                 for dataset, settings in algorithm.dataset_run_settings.items()}
     assert set(PAPERS_RUN_SETTINGS) <= set(declared)

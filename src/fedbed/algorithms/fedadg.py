@@ -1,9 +1,9 @@
 """FedADG: federated adversarial alignment to a generated reference distribution (``fedadg.md``).
 
-Each client holds four networks (Sec. 4.2; sizes from Sec. 6.1, "Network Architecture"): the feature extractor F and
-the classifier C (the model's ``featurizer`` and ``classifier``), a distribution generator G and a
-discriminator D with a random projection R in front of it. With hidden size d (the featurizer's
-width), K classes and y the one-hot label ``[B, K]``:
+Each client holds four networks (Sec. 4.2; their sizes: Sec. 6.1, "Network Architecture"): the
+feature extractor F and the classifier C (the model's ``featurizer`` and ``classifier``), a
+distribution generator G and a discriminator D with a random projection R in front of it. With
+hidden size d (the featurizer's width), K classes and y the one-hot label ``[B, K]``:
 
 - G(z, y): ``concat(z, y)`` ``[B, d_z + K]`` -> linear d -> ReLU -> linear d, with noise
   z ~ U[0, 1) ``[B, d_z]`` (Sec. 4.3), d_z = d unless ``noise_dim`` says otherwise. No activation
