@@ -428,7 +428,7 @@ class FedADGStrategy(FedAvgStrategy):
         return summary
 
 
-FEDADG_RUN_SETTINGS = {"batch_size": 16, "holdout_fraction": 0.3}
+PAPER_RUN_SETTINGS = {"batch_size": 16, "holdout_fraction": 0.3}
 """FedADG's run settings on PACS, VLCS and Office-Home (one value for all three): "batch size is
 16" (Sec. 6.1, Model Training); "each domain is divided into a training set (70%) and a validation
 set (30%) randomly" (Sec. 6.1, Datasets). The paper gives no number of rounds, and its E0 and E1
@@ -451,7 +451,7 @@ class FedADG(SupervisedAlgorithm):
         "VLCS": {"client_lr": 0.01, "generator_lr": 0.007, "discriminator_lr": 0.007},
         "OfficeHome": {"client_lr": 0.05, "generator_lr": 0.007, "discriminator_lr": 0.001},
     }
-    dataset_run_settings = {dataset: FEDADG_RUN_SETTINGS for dataset in ("PACS", "VLCS", "OfficeHome")}
+    dataset_run_settings = {dataset: PAPER_RUN_SETTINGS for dataset in ("PACS", "VLCS", "OfficeHome")}
 
     def wrap_model(self, model: DomainClassifier, hparams: FedADGHyperparameters) -> FedADGModel:
         reference = hparams.reference if hparams.use_alignment else None
