@@ -128,16 +128,19 @@ def test_same_results_in_process_and_on_flower(tmp_path, algorithm, backends, no
     # Evaluated after round 2 only: one evaluate message per site instead of two, and still
     # rounds of training on each side of it.
     hp = {"mcgdm": {"include_own_head": False, "client_lr": 0.01}}.get(algorithm, {})
+    # hFedF's sites score their own id holdouts, each with its own personalised model
+    # (@app.evaluate); MCGDM's global model is scored on the server, as in-process: one message
+    # round fewer (every message starts a ClientApp process on its SuperNode).
+    sites = "clients" if algorithm == "hfedf" else "server"
     run = functools.partial(tiny, algorithm, eval_every=2, hp=hp)
     try:
         run_experiment(run(tmp_path / "in-process"), progress=False, echo=lambda *_: None)
-        # On Flower the sites score their own id holdouts (@app.evaluate); in-process the server does.
         summaries = {}
         if "flower-sim" in backends:
-            summaries["flower-sim"] = run_flower_simulation(run(tmp_path / "flower-sim", id_evaluation="clients"),
+            summaries["flower-sim"] = run_flower_simulation(run(tmp_path / "flower-sim", id_evaluation=sites),
                                                             echo=lambda *_: None, cpus=2)
         if "flower-deployment" in backends:
-            summaries["flower-deployment"] = run_flower_deployment(run(tmp_path / "flower-deployment", id_evaluation="clients"),
+            summaries["flower-deployment"] = run_flower_deployment(run(tmp_path / "flower-deployment", id_evaluation=sites),
                                                                    echo=lambda *_: None, work_dir=tmp_path / "flower")
     finally:
         torch.set_num_threads(threads)

@@ -115,9 +115,10 @@ def test_a_deployment_whose_sites_each_hold_one_domain_equals_the_in_process_run
     layout = {domain: {"bird": 3 + i, "car": 4} for i, domain in enumerate(domains)}
     make_tree(tmp_path / "whole" / "VLCS", layout)
     roots = {domain: make_tree(tmp_path / domain / "VLCS", {domain: layout[domain]}).parent for domain in domains}
+    # Evaluated after round 2 only (every message starts a ClientApp process on its SuperNode).
     settings = dict(dataset="VLCS", target="VOC2007", rounds=2, local_steps=2, batch_size=4, image_size=8,
                     model="mnist_cnn", holdout_fraction=0.25, seed=2, class_names=["bird", "car"],
-                    id_evaluation="clients", algorithm="fedadg",
+                    id_evaluation="clients", eval_every=2, algorithm="fedadg",
                     hp={"classification_epochs": 1, "alignment_epochs": 1, "client_lr": 0.01})
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
