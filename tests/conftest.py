@@ -19,7 +19,14 @@ from fedbed.federation.transport import InProcessClients
 from fedbed.federation.local_data import ClientData
 from fedbed.models.networks import DomainClassifier
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# pytest-xdist runs the suite in worker processes (``addopts`` in pyproject.toml). Their torch
+# threads, and those of the processes the tests start, share the cores rather than oversubscribe
+# them (two workers on two cores: one thread each; OpenMP threads waiting on a busy core stall).
+XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+TORCH_THREADS = max(1, min(2, (os.cpu_count() or 1) // XDIST_WORKERS))
+if XDIST_WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(TORCH_THREADS))
+torch.set_num_threads(TORCH_THREADS)
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
