@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedbed.federation.engine import signals_deferred
 from fedbed.run_directory import CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME
 
 
@@ -47,6 +48,33 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_a_stop_signal_while_a_round_is_written_takes_effect_once_it_is_written():
+    """The window the end-to-end test below can only hit by chance: a signal between a round's
+    log line and its checkpoint."""
+    written = []
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with signals_deferred():
+                signal.raise_signal(signal.SIGINT)
+                written.append("log line")
+                signal.raise_signal(signal.SIGINT)
+                written.append("checkpoint")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert written == ["log line", "checkpoint"]
+
+
+def test_an_ignored_signal_stays_ignored_while_a_round_is_written():
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with signals_deferred():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 @pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])

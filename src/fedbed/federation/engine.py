@@ -7,18 +7,23 @@ round) -> alignment telemetry of the client updates (for every method: pairwise 
 conflicting pairs, norms) -> ``aggregate`` (skipped when no reply is left, and undone when it
 leaves a non-finite model: the round then keeps the previous model and its log line says why)
 -> evaluation every ``eval_every`` rounds -> one JSONL line -> checkpoint. Every random draw of round ``r`` on client ``k`` is seeded
-from ``(seed, r, k)``, so a run resumed from its checkpoint equals an uninterrupted one.
+from ``(seed, r, k)``, so a run resumed from its checkpoint equals an uninterrupted one. A stop
+signal that arrives while a round's log line and checkpoint are written takes effect once both
+are on disk (:func:`signals_deferred`), so a stopped run's log and checkpoint end at the same round.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
 import os
 import pickle
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -302,6 +307,42 @@ def fault_summary(log_path: Path) -> dict[str, Any]:
     return {"dropped_replies": sum(dropped.values()), "dropped_by_client": dropped, "rounds_keeping_previous_model": kept}
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""The signals that stop a run (Ctrl-C, ``kill``, a closed terminal; see ``fedbed.cli.stop_on_signals``)."""
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold back :data:`STOP_SIGNALS` for the duration of the block, then act on the first one
+    that arrived, as its handler would have: used around writing a round's log line and
+    checkpoint, so a stop never leaves a log that is a round ahead of the checkpoint.
+
+    Only Python-level handlers are deferred (``signal.default_int_handler``, the CLI's
+    :func:`fedbed.cli.stop_on_signals` handler, a caller's own); a signal left at ``SIG_DFL`` or
+    ``SIG_IGN`` keeps its disposition. Outside the main thread (where Python cannot set handlers)
+    the block runs as is.
+
+    Raises:
+        whatever the deferred handler raises after the block (``KeyboardInterrupt`` for the CLI).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[tuple[int, Any]] = []
+    previous = {number: signal.getsignal(number) for number in STOP_SIGNALS}
+    deferred = {number: handler for number, handler in previous.items() if callable(handler)}
+    for number in deferred:
+        signal.signal(number, lambda signum, frame: arrived.append((signum, frame)))
+    try:
+        yield
+    finally:
+        for number, handler in deferred.items():
+            signal.signal(number, handler)
+    if arrived:
+        signum, frame = arrived[0]
+        deferred[signum](signum, frame)
+
+
 def _save_checkpoint(path: Path, round_number: int, federation: Federation) -> None:
     partial = path.with_name(path.name + ".partial")
     torch.save(
@@ -447,9 +488,10 @@ def run_rounds(
             "seconds": time.perf_counter() - began,
             "evaluation_seconds": time.perf_counter() - evaluation_began,
         }
-        with log_path.open("a") as log:
-            log.write(to_json(record) + "\n")
-        _save_checkpoint(checkpoint_path, round_number, federation)
+        with signals_deferred():
+            with log_path.open("a") as log:
+                log.write(to_json(record) + "\n")
+            _save_checkpoint(checkpoint_path, round_number, federation)
         postfix = {"loss": f"{summary.metrics.get('train_loss', float('nan')):.3f}"}
         if evaluations:
             postfix.update(id=f"{evaluations[-1]['id_mean']:.1f}", ood=f"{evaluations[-1]['ood_mean']:.1f}")
