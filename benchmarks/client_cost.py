@@ -16,6 +16,8 @@ are compared. FedAvg trains on the method's augmentation and on as many images:
 Prints the ratio last.
 
     python benchmarks/client_cost.py --method mcgdm [--data-root DATA] [--steps 5] [--repeats 3]
+
+``benchmarks/mcgdm_client_cost.py`` is this script with ``--method mcgdm``.
 """
 
 from __future__ import annotations
@@ -72,13 +74,14 @@ def time_fit(name: str, hp: dict, steps: int, data: ClientData, model: str, shap
     return time.perf_counter() - began
 
 
-def main() -> None:
+def main(arguments: list[str] | None = None) -> None:
+    """Parse ``arguments`` (the command line's when ``None``), time both sides, print the ratio."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--method", choices=sorted(UNITS), required=True)
     parser.add_argument("--data-root", type=Path, default=None)
     parser.add_argument("--steps", type=int, default=5, help="batches per unit of the method's schedule (S)")
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(arguments)
     torch.set_num_threads(1)
     data, model, shape, classes, description = client_data(args.data_root)
     method, units = args.method, UNITS[args.method]
