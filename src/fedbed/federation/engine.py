@@ -307,8 +307,9 @@ def fault_summary(log_path: Path) -> dict[str, Any]:
     return {"dropped_replies": sum(dropped.values()), "dropped_by_client": dropped, "rounds_keeping_previous_model": kept}
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-"""The signals that stop a run (Ctrl-C, ``kill``, a closed terminal; see ``fedbed.cli.stop_on_signals``)."""
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+"""The signals that stop a run (Ctrl-C, ``kill``, a closed terminal; see ``fedbed.cli.stop_on_signals``),
+those of them this platform has (Windows has no SIGHUP)."""
 
 
 @contextlib.contextmanager
