@@ -4,6 +4,7 @@ JiGen augmentation and the feature plot."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -288,3 +289,76 @@ def test_feature_plot_of_a_tiny_run(tmp_path, algorithm):
     assert path.is_file() and path.stat().st_size > 0
     assert counts["source"] == 5 * 12  # five source domains of RotatedMNIST
     assert counts["reference"] == (5 * 12 if algorithm == "fedadg" else 0)  # G's samples, one per source sample's label
+
+
+@pytest.mark.parametrize("reading", ["paper", "authors_code"])
+def test_one_alignment_step_replayed_by_hand(reading):
+    """One alignment batch (E0 = 0, E1 = 1 unit of one step, plain SGD), replayed with the same
+    inputs, D, R and noise. ``paper``: F, C on 0.85·L_adv-f + 0.15·L_err against the old D (c5),
+    then D (c7), then G on E[(1 − D(h'))²] (c8, Eq. 4). ``authors_code`` (the authors'
+    ``pacs-ours/localTrain.py``): D first, then F, C on 0.85·L_err + 0.15·L_adv-f against the
+    updated D, then G on E[D(h')²]."""
+    hp = {"classification_epochs": 0, "alignment_epochs": 1, "reading": reading, "client_lr": 0.1,
+          "generator_lr": 0.2, "discriminator_lr": 0.3}
+    labels = torch.zeros(8, dtype=torch.long)  # one class: the batch's order cannot change any batch mean
+    trainer, payload, data, state = client(hp, TrainingBudget(batch_size=8, local_steps=1), labels)
+    torch.manual_seed(3)
+    trainer.client_networks(state)
+    replay = copy.deepcopy(trainer.model)
+    replay.load_state_dict(payload.arrays)
+    discriminator = trainer.new_discriminator()
+    discriminator.load_state_dict(state["discriminator"])
+    projection = state["projection"].clone()
+    inputs = []
+    trainer.model.featurizer.register_forward_pre_hook(lambda module, args: inputs.append(args[0].clone()))
+    torch.manual_seed(7)
+    reply = trainer.fit(payload, data, state)
+
+    torch.manual_seed(7)
+    trainer.new_discriminator()  # the round builds D afresh before loading its state: the same draws
+    x, y = inputs[0], labels
+    one_hot = nn.functional.one_hot(y, 3).float()
+    sgd = lambda params, lr: torch.optim.SGD(params, lr=lr)  # noqa: E731
+    task = sgd([*replay.featurizer.parameters(), *replay.classifier.parameters()], 0.1)
+    generator, critic = sgd(replay.generator.parameters(), 0.2), sgd(discriminator.parameters(), 0.3)
+    score = lambda h: discriminator(h @ projection, one_hot)  # noqa: E731
+    smoothed_ce = lambda logits: nn.functional.cross_entropy(logits, y, label_smoothing=0.1)  # noqa: E731
+
+    def step(optimizer, loss):
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    def discriminator_step(h, h_reference):
+        step(critic, score(h.detach()).pow(2).mean() + (1 - score(h_reference.detach())).pow(2).mean())
+
+    features = replay.featurizer(x)
+    if reading == "authors_code":
+        reference = replay.generator(torch.rand(8, 16), one_hot)
+        discriminator_step(features, reference)
+        step(task, 0.85 * smoothed_ce(replay.classifier(features)) + 0.15 * (1 - score(features)).pow(2).mean())
+        step(generator, score(reference).pow(2).mean())
+    else:
+        step(task, 0.85 * (1 - score(features)).pow(2).mean() + 0.15 * smoothed_ce(replay.classifier(features)))
+        reference = replay.generator(torch.rand(8, 16), one_hot)
+        discriminator_step(features, reference)
+        step(generator, (1 - score(reference)).pow(2).mean())
+
+    assert len(inputs) == 1
+    for key, value in replay.state_dict().items():
+        assert torch.allclose(reply.arrays[key], value, rtol=1e-5, atol=1e-7), key
+        assert not torch.equal(value, payload.arrays[key]), key  # every array of F, C and G moved
+    for key, value in discriminator.state_dict().items():
+        assert torch.allclose(state["discriminator"][key], value, rtol=1e-5, atol=1e-7), key
+
+
+def test_the_two_readings_train_differently():
+    """The switch changes the computation: one round under each reading from the same start."""
+    replies = {}
+    for reading in ("paper", "authors_code"):
+        trainer, payload, data, state = client({"reading": reading, "client_lr": 0.1})
+        torch.manual_seed(7)
+        replies[reading] = trainer.fit(payload, data, state)
+    paper, authors = replies["paper"].arrays, replies["authors_code"].arrays
+    assert any(not torch.allclose(paper[key], authors[key]) for key in paper if key.startswith("generator."))
+    assert any(not torch.allclose(paper[key], authors[key]) for key in paper if key.startswith("featurizer."))

@@ -53,6 +53,25 @@ in-process, kept in the node's ``context.state`` on Flower, never in a reply. Op
 every round as in every FedBed method; with plain SGD (Sec. 6.1 names SGD and no momentum, so
 FedBed uses none) they carry no state to keep.
 
+**The authors' code** (``reading: authors_code``). The authors' public implementation
+(``pacs-ours/localTrain.py`` of the FedADG repository, ``train_step``) differs from the printed
+paper, which FedBed implements by default (``reading: paper``), in three places of the alignment
+step:
+
+1. F and C are trained on ``λ0·L_err + λ1·L_adv-f`` (``alpha = 0.85`` on the classification
+   loss there), where Table 3 and Step c5 put λ0 = 0.85 on L_adv-f and λ1 = 0.15 on L_err;
+2. G is trained on ``E[D(h'|y)²]``, pulling the generated features towards D's label for F's
+   features (the text's "moves toward the center" of the extracted features), where Eq. 4 as
+   printed, ``E[(1 − D(h'|y))²]``, makes G cooperate with D;
+3. D's step (c7) comes first, on the features of F before its step, and F and C then fool the
+   updated D; the paper's order is c5 (F, C), c7 (D), c8 (G).
+
+``reading: authors_code`` switches all three; every other setting stays the paper's. Other
+differences of that code are not switched: its SGD has momentum and weight decay and its
+learning rates follow warm-up and plateau schedules; its one-hot labels in the alignment step
+carry 0.7, not 1; each client returns the networks of its best local epoch on its own
+validation split; F is in evaluation mode for D's step.
+
 **Model selection.** "The global model with the highest accuracy across all source domains"
 (Sec. 6.1) is FedBed's ``train_domain_val`` rule (the default of ``fedbed report``).
 
@@ -99,6 +118,9 @@ from fedbed.gradients import clone_arrays
 from fedbed.models import DomainClassifier
 from fedbed.models.networks import ModelError
 
+READINGS = ("paper", "authors_code")
+"""Which text FedADG follows where the printed paper and the authors' code differ (module docstring)."""
+
 REFERENCES = ("generator", "gaussian", "uniform", "laplace")
 """The reference distribution: FedADG's generator G, or Table 8's fixed N(0, I), U[−1, 1], Laplace(0, 1/√2)."""
 
@@ -134,6 +156,9 @@ class FedADGHyperparameters(LocalTrainingHyperparameters):
             gives none).
         augmentation: the training batches' augmentation, JiGen's protocol (Sec. 6.1), or
             ``None``.
+        reading: ``paper`` (Eq. 3-4, Table 3, Algorithm 1 as printed) or ``authors_code``:
+            λ0 weighs L_err and λ1 L_adv-f, G minimises ``E[D(h')²]``, D steps before F and C
+            (module docstring, "The authors' code").
 
     Raises:
         AlgorithmError: (through :func:`~fedbed.algorithms.resolve_hyperparameters`) E0 = E1 = 0.
@@ -157,6 +182,7 @@ class FedADGHyperparameters(LocalTrainingHyperparameters):
     noise_dim: int | None = Field(None, gt=0)
     projection_dim: int | None = Field(None, gt=0)
     augmentation: Literal[tuple(AUGMENTATIONS)] | None = "jigen"
+    reading: Literal[READINGS] = "paper"
 
     @model_validator(mode="after")
     def _trains_something(self) -> "FedADGHyperparameters":
@@ -226,6 +252,12 @@ def discriminator_loss(feature_scores: torch.Tensor, reference_scores: torch.Ten
 def fooling_loss(scores: torch.Tensor) -> torch.Tensor:
     """``mean((1 − D(·))²)`` of scores ``[B]``: L_adv-f (Eq. 3) of D(h), L_adv-g (Eq. 4) of D(h')."""
     return (1.0 - scores).pow(2).mean()
+
+
+def centring_loss(scores: torch.Tensor) -> torch.Tensor:
+    """``mean(D(h')²)`` of scores ``[B]``: the authors' code's L_adv-g (``loss_gene`` of
+    ``pacs-ours/localTrain.py``), which moves G's features to where D puts F's (target 0)."""
+    return scores.pow(2).mean()
 
 
 def reference_sample(reference: str, shape: tuple[int, int]) -> torch.Tensor:
@@ -369,29 +401,42 @@ class FedADGTrainer(SupervisedTrainer):
             generator_optimizer = (make_optimizer(model.generator.parameters(), hparams.model_copy(update={"client_lr": hparams.generator_lr}))
                                    if generated else None)
 
+            authors_code = hparams.reading == "authors_code"
+            # The paper: λ0 on L_adv-f, λ1 on L_err (Step c5); the authors' code: the reverse.
+            feature_weight, error_weight = ((hparams.classification_weight, hparams.adversarial_weight) if authors_code
+                                            else (hparams.adversarial_weight, hparams.classification_weight))
+            generator_loss = centring_loss if authors_code else fooling_loss
+
+            def discriminator_step(features: torch.Tensor, reference: torch.Tensor, one_hot: torch.Tensor | None) -> None:
+                # Step c7: D on L_adv-d, h and h' detached.
+                term = discriminator_loss(discriminator(project(features.detach()), one_hot),
+                                          discriminator(project(reference.detach()), one_hot))
+                discriminator_optimizer.zero_grad(set_to_none=True)
+                term.backward()
+                discriminator_optimizer.step()
+                sums["adversarial_discriminator"] += float(term.detach())
+
             def alignment_step(batch: Batch) -> float:
                 targets = batch.targets
                 one_hot = model.one_hot(targets)
-                # Step c5: F and C on λ0 L_adv-f + λ1 L_err, D fixed.
                 features = model.featurizer(batch.inputs)
+                if authors_code:  # D first, on F's features before its step (c6, c7), then c5
+                    reference = model.reference_features(targets)
+                    discriminator_step(features, reference, one_hot)
+                # Step c5: F and C on the weighted L_adv-f and L_err, D fixed.
                 error = classification_loss(model.classifier(features), targets)
                 feature_term = fooling_loss(discriminator(project(features), one_hot))
                 task_optimizer.zero_grad(set_to_none=True)
-                (hparams.adversarial_weight * feature_term + hparams.classification_weight * error).backward()
+                (feature_weight * feature_term + error_weight * error).backward()
                 task_optimizer.step()
-                # Step c6: one mini-batch of noise (or of the fixed reference).
-                reference = model.reference_features(targets)
-                # Step c7: D on L_adv-d.
-                discriminator_term = discriminator_loss(discriminator(project(features.detach()), one_hot),
-                                                        discriminator(project(reference.detach()), one_hot))
-                discriminator_optimizer.zero_grad(set_to_none=True)
-                discriminator_term.backward()
-                discriminator_optimizer.step()
+                if not authors_code:
+                    # Step c6: one mini-batch of noise (or of the fixed reference); Step c7: D.
+                    reference = model.reference_features(targets)
+                    discriminator_step(features, reference, one_hot)
                 sums["adversarial_feature"] += float(feature_term.detach())
-                sums["adversarial_discriminator"] += float(discriminator_term.detach())
                 # Step c8: G on L_adv-g through the updated D.
                 if generator_optimizer is not None:
-                    generator_term = fooling_loss(discriminator(project(reference), one_hot))
+                    generator_term = generator_loss(discriminator(project(reference), one_hot))
                     generator_optimizer.zero_grad(set_to_none=True)
                     generator_term.backward()
                     generator_optimizer.step()
@@ -468,6 +513,7 @@ __all__ = [
     "FedADGModel",
     "FedADGStrategy",
     "FedADGTrainer",
+    "centring_loss",
     "discriminator_loss",
     "fooling_loss",
     "random_projection",
