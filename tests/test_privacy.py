@@ -36,7 +36,7 @@ def test_the_server_mean_of_clipped_updates_gets_noise_of_sigma_c_over_k():
     arrays = [{"w": torch.full((size,), 1.0), "n": torch.tensor(5)},   # norm sqrt(size) >> C: clipped
               {"w": torch.zeros(size), "n": torch.tensor(5)}]
     privacy = FixedClippingPrivacy(DifferentialPrivacy(clipping_norm=clipping_norm, noise_multiplier=sigma), 1.0)
-    state, telemetry = privacy.aggregate(ClientModels(current, [3, 8], arrays, [100, 1], 1, torch.Generator().manual_seed(0)))
+    state, telemetry = privacy.aggregate(ClientModels(current, [3, 8], arrays, [100, 1], 1, torch.Generator().manual_seed(0), frozenset(current)))
     noise = torch.randn(size, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * sigma * clipping_norm / 2
     expected_mean = clipping_norm / size ** 0.5 / 2  # client 3's update scaled to norm C, averaged with a zero update
     assert torch.allclose(state["w"].double(), expected_mean + noise, atol=1e-6)
@@ -113,6 +113,6 @@ def test_noise_never_leaves_a_negative_batchnorm_variance():
     current = {"bn.running_var": torch.full((500,), 0.01), "bn.weight": torch.ones(500)}
     arrays = [{name: tensor.clone() for name, tensor in current.items()} for _ in range(3)]
     privacy = FixedClippingPrivacy(DifferentialPrivacy(clipping_norm=1.0, noise_multiplier=1.0), 1.0)
-    state, _ = privacy.aggregate(ClientModels(current, [0, 1, 2], arrays, [1, 1, 1], 1, torch.Generator().manual_seed(0)))
+    state, _ = privacy.aggregate(ClientModels(current, [0, 1, 2], arrays, [1, 1, 1], 1, torch.Generator().manual_seed(0), frozenset(current)))
     assert float(state["bn.running_var"].min()) == 0.0  # noise of std 1/3 pushed some below 0: clamped
     assert float(state["bn.weight"].min()) < 0.5  # the other arrays keep their noise

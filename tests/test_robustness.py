@@ -22,7 +22,7 @@ CURRENT = {"w": torch.zeros(2), "steps": torch.tensor(0)}
 
 
 def aggregate(rule, **options):
-    return RobustAggregation(rule, **options).aggregate(ClientModels(CURRENT, CLIENTS, MODELS, [10] * 5, 1, torch.Generator()))
+    return RobustAggregation(rule, **options).aggregate(ClientModels(CURRENT, CLIENTS, MODELS, [10] * 5, 1, torch.Generator(), frozenset({"w"})))
 
 
 def test_median_picks_the_middle_value_of_each_coordinate():
@@ -50,7 +50,7 @@ def test_krum_picks_the_most_central_honest_model_and_multi_krum_averages_the_ho
     values = [1.0, 1.2, 0.9, 1.05, 100.0, 1.1, 1.6]
     models = [{"w": torch.tensor([value, -value])} for value in values]
     state, telemetry = RobustAggregation("multi_krum", byzantine_clients=2).aggregate(
-        ClientModels({"w": torch.zeros(2)}, list(range(10, 17)), models, [10] * 7, 1, torch.Generator()))
+        ClientModels({"w": torch.zeros(2)}, list(range(10, 17)), models, [10] * 7, 1, torch.Generator(), frozenset({"w"})))
     assert telemetry["selected"] == [10, 11, 12, 13, 15]
     assert torch.allclose(state["w"], torch.tensor([5.25 / 5, -5.25 / 5]))
     # On random models of unequal sizes, the logged clients are those whose weighted mean Flower returned.
@@ -58,11 +58,85 @@ def test_krum_picks_the_most_central_honest_model_and_multi_krum_averages_the_ho
     models = [{"w": torch.randn(50, generator=generator) * scale} for scale in (1.0, 1.1, 0.9, 3.0, 1.2, 0.8, 5.0)]
     sizes = [10, 20, 30, 40, 50, 60, 70]
     state, telemetry = RobustAggregation("multi_krum", byzantine_clients=2).aggregate(
-        ClientModels({"w": torch.zeros(50)}, list(range(7)), models, sizes, 1, torch.Generator()))
+        ClientModels({"w": torch.zeros(50)}, list(range(7)), models, sizes, 1, torch.Generator(), frozenset({"w"})))
     kept = telemetry["selected"]
     assert len(kept) == 5
     mean = sum(models[k]["w"] * sizes[k] for k in kept) / sum(sizes[k] for k in kept)
     assert torch.allclose(state["w"], mean, atol=1e-6)
+
+
+def batch_norm_clients():
+    """Five clients of a BatchNorm model (``Linear(4, 3)`` then ``BatchNorm1d(3)``) after one round:
+    four honest ones, whose parameters moved by small updates of their own and whose counters
+    ``num_batches_tracked`` record 5, 12, 40 and 70 local steps, and an attacker that sends the
+    honest mean update sign-flipped and x10 with the median step count (26)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    current = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    parameters = frozenset(name for name, _ in model.named_parameters())
+    direction = {name: torch.randn_like(current[name]) * 0.3 for name in parameters}
+    honest = [{name: direction[name] + torch.randn_like(current[name]) * 0.3 for name in parameters} for _ in range(4)]
+    mean = {name: sum(update[name] for update in honest) / 4 for name in parameters}
+    updates = honest[:2] + [{name: -10 * mean[name] for name in parameters}] + honest[2:]
+    models = []
+    for update, steps in zip(updates, (5, 12, 26, 40, 70)):
+        state = {name: tensor.clone() for name, tensor in current.items()}
+        for name in parameters:
+            state[name] = current[name] + update[name]
+        state["1.running_mean"] = current["1.running_mean"] + 0.1 * steps / 70
+        state["1.num_batches_tracked"] = torch.tensor(steps)
+        models.append(state)
+    return current, models, parameters, [50, 120, 260, 400, 700]
+
+
+@pytest.mark.parametrize("rule", ["krum", "multi_krum"])
+def test_krum_ranks_clients_by_their_parameters_not_by_their_buffers(rule):
+    """BatchNorm's step counter must not decide who is kept: over the whole state dict, the
+    counter's squared differences (49 to 4,225) outweigh the attacker's parameters and Multi-Krum
+    keeps the attacker (client 2) and drops an honest client; over the parameters it keeps the
+    four honest clients, and the buffers are their n_k-weighted mean (Krum: its chosen client's)."""
+    current, models, parameters, sizes = batch_norm_clients()
+    clients = [0, 1, 2, 3, 4]
+    state, telemetry = RobustAggregation(rule, byzantine_clients=1).aggregate(
+        ClientModels(current, clients, models, sizes, 1, torch.Generator(), parameters))
+    kept = telemetry["selected"]
+    assert 2 not in kept
+    if rule == "multi_krum":
+        assert kept == [0, 1, 3, 4]
+        total = sum(sizes[k] for k in kept)
+        for name in current:
+            expected = sum(models[k][name].double() * sizes[k] / total for k in kept)
+            if name == "1.num_batches_tracked":
+                assert state[name].item() == round(expected.item()) and state[name].dtype == torch.int64
+            else:
+                assert torch.allclose(state[name].double(), expected, atol=1e-6), name
+    else:
+        assert len(kept) == 1 and all(torch.equal(state[name], models[kept[0]][name]) for name in current)
+    # What ranking over every array did: the counters pull the attacker in.
+    everything = frozenset(current)
+    _, telemetry = RobustAggregation(rule, byzantine_clients=1).aggregate(
+        ClientModels(current, clients, models, sizes, 1, torch.Generator(), everything))
+    if rule == "multi_krum":
+        assert 2 in telemetry["selected"]
+
+
+def test_a_strategy_hands_its_models_trainable_parameters_to_the_rule():
+    """The FedAvg-family server names the parameters of its model, not its buffers."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    model[0].bias.requires_grad_(False)
+    seen = []
+
+    class Spy(RobustAggregation):
+        def aggregate(self, models):
+            seen.append(models.parameter_names)
+            return super().aggregate(models)
+
+    strategy = FedAvgStrategy(aggregation=Spy("median"))
+    from fedbed.federation.messages import ClientInfo, Reply
+    strategy.initialize(model, [ClientInfo(c, 10, (c,)) for c in range(3)])
+    state = model.state_dict()
+    strategy.aggregate(1, {c: Reply({k: v.clone() for k, v in state.items()}, num_examples=10) for c in range(3)})
+    assert seen == [frozenset({"0.weight", "1.weight", "1.bias"})]
 
 
 @pytest.mark.parametrize("rule, clients, options, message", [

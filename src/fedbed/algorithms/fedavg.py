@@ -8,7 +8,12 @@ from typing import Any
 from torch import nn
 
 from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm
-from fedbed.algorithms.model_aggregation import MODEL_AGGREGATION_PURPOSE, ClientModels, ModelAggregation
+from fedbed.algorithms.model_aggregation import (
+    MODEL_AGGREGATION_PURPOSE,
+    ClientModels,
+    ModelAggregation,
+    trainable_parameter_names,
+)
 from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
 from fedbed.federation.strategy import ServerStrategy
@@ -50,7 +55,8 @@ class FedAvgStrategy(ServerStrategy):
         order = sorted(replies)
         generator = seeded_generator(self.seed, round_number, MODEL_AGGREGATION_PURPOSE)
         return self.aggregation.aggregate(ClientModels(self.model.state_dict(), order, [replies[c].arrays for c in order],
-                                                       self.client_weights(replies, order), round_number, generator))
+                                                       self.client_weights(replies, order), round_number, generator,
+                                                       trainable_parameter_names(self.model)))
 
     def aggregate(self, round_number: int, replies: dict[int, Reply]) -> RoundSummary:
         new_state, telemetry = self.combine(round_number, replies)

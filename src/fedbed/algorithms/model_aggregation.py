@@ -35,6 +35,10 @@ class ClientModels:
         weights: K positive weights (n_k for FedAvg, 1 for FedADG's uniform mean).
         round_number: the round (from 1).
         generator: seeded from (run seed, round, :data:`MODEL_AGGREGATION_PURPOSE`).
+        parameter_names: the names of ``current`` that are trainable floating-point parameters
+            (:func:`trainable_parameter_names`); the others are buffers (BatchNorm's running
+            statistics, its integer ``num_batches_tracked``), which a rule that ranks or clips
+            client models must not read as if they were weights.
     """
 
     current: Mapping[str, torch.Tensor]
@@ -43,6 +47,13 @@ class ClientModels:
     weights: Sequence[float]
     round_number: int
     generator: torch.Generator
+    parameter_names: frozenset[str]
+
+
+def trainable_parameter_names(model: torch.nn.Module) -> frozenset[str]:
+    """The state-dict names of ``model``'s floating-point parameters that require gradients."""
+    return frozenset(name for name, parameter in model.named_parameters()
+                     if parameter.requires_grad and parameter.is_floating_point())
 
 
 class ModelAggregation:

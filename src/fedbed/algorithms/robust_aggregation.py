@@ -14,9 +14,18 @@ the round's client models are combined by
   Flower returns the mean only; the kept clients that the log names (:func:`multi_krum_kept`)
   are found by the same rule on the same squared distances (Flower's ``_compute_distances``).
 
-Median, trimmed mean and Krum ignore the clients' sizes n_k (as Flower's functions do). The
-rules are applied to every array of the state dict; their results are cast back to each array's
-dtype (integer buffers rounded). Flower is imported when the rule runs, not when this module is
+Median, trimmed mean and Krum ignore the clients' sizes n_k (as Flower's functions do).
+
+**What the rules read.** Krum and Multi-Krum rank clients by distances over the trainable
+floating-point parameters only (``ClientModels.parameter_names``): a buffer is no weight, and
+BatchNorm's integer ``num_batches_tracked`` alone puts clients that ran different numbers of
+steps 49 to thousands apart in squared distance, against about 1 for honest parameters, so that
+distances over the whole state dict rank clients by their step counts. The buffers then follow the
+clients that were kept: Krum takes its chosen client's buffers, Multi-Krum the n_k-weighted mean
+of its kept clients' buffers (the weights of Flower's mean of their parameters). Median and the
+trimmed mean combine each coordinate on its own, so they apply the same coordinate-wise rule to
+the buffers as to the parameters (a buffer's coordinates cannot move a parameter's). Results are
+cast back to each array's dtype (integer buffers rounded). Flower is imported when the rule runs, not when this module is
 imported, so that a run without robust aggregation never imports Flower
 (``tests/test_architecture.py``).
 """
@@ -123,9 +132,14 @@ class RobustAggregation(ModelAggregation):
             check_robust_aggregation(self.rule, len(models.arrays), self.trimmed_fraction, self.byzantine_clients)
         except ValueError as error:  # fewer replies than the rule needs (clients dropped this round)
             raise TooFewReplies(f"{len(models.arrays)} replies: {error}") from None
-        names = list(current)
-        results = [([array[name].detach().cpu().numpy() for name in names], max(1, round(weight)))
-                   for array, weight in zip(models.arrays, models.weights)]
+        ranked = self.rule in ("krum", "multi_krum")
+        # Krum ranks by the parameters alone; the coordinate-wise rules take every array.
+        names = [name for name in current if name in models.parameter_names] if ranked else list(current)
+        if not names:
+            raise ValueError(f"robust_aggregation: {self.rule} has no trainable floating-point parameter to rank clients by")
+        sizes = [max(1, round(weight)) for weight in models.weights]
+        results = [([array[name].detach().cpu().numpy() for name in names], size)
+                   for array, size in zip(models.arrays, sizes)]
         selected = None
         if self.rule == "median":
             combined = aggregate_median(results)
@@ -133,12 +147,20 @@ class RobustAggregation(ModelAggregation):
             combined = aggregate_trimmed_avg(results, self.trimmed_fraction)
         elif self.rule == "krum":
             combined = aggregate_krum(results, self.byzantine_clients, 0)
-            selected = [clients[next(i for i, (model, _) in enumerate(results) if model is combined)]]
+            kept = [next(i for i, (model, _) in enumerate(results) if model is combined)]
         else:
             combined = aggregate_krum(results, self.byzantine_clients, len(results) - self.byzantine_clients)
-            selected = [clients[index] for index in multi_krum_kept([model for model, _ in results], self.byzantine_clients)]
+            kept = multi_krum_kept([model for model, _ in results], self.byzantine_clients)
+        values = dict(zip(names, combined))
+        if ranked:
+            selected = [clients[index] for index in kept]
+            total = sum(sizes[index] for index in kept)
+            for name in current:  # the buffers of the kept clients, n_k-weighted as Flower's mean
+                if name not in values:
+                    values[name] = sum(models.arrays[index][name].detach().cpu().double().numpy() * (sizes[index] / total)
+                                       for index in kept)
         state = {}
-        for name, value in zip(names, combined):
-            tensor = torch.as_tensor(value, dtype=torch.float64 if not current[name].is_floating_point() else None)
+        for name in current:
+            tensor = torch.as_tensor(values[name], dtype=torch.float64 if not current[name].is_floating_point() else None)
             state[name] = (tensor if current[name].is_floating_point() else tensor.round()).to(current[name].dtype).reshape(current[name].shape)
         return state, {"robust_aggregation": self.rule, "selected": selected}
