@@ -19,7 +19,7 @@ from fedbed.plots import plot_sweep
 from fedbed.results import query_rounds
 from fedbed.run_directory import DONE_MARKER
 from fedbed.sweep import (
-    SweepSpec, _run_job, claim_job, claim_path, config_hash, expand, load_sweep_file, release_job, run_sweep,
+    SweepSpec, _run_job, claim_job, claim_path, config_hash, expand, load_sweep_file, release_job, run_sweep, sweep_record,
 )
 
 runner = CliRunner()
@@ -368,6 +368,35 @@ def test_every_committed_job_is_a_job_of_its_sweep_file():
     folders = sorted(path.parent for path in (root / "results" / "sweeps").glob("*/sweep.yaml"))
     assert folders, "no committed sweep folder found"
     for folder in folders:
-        jobs = {config.run_dir.name for config in expand(load_sweep_file(root / "docs" / "sweeps" / f"{folder.name}.yaml"), folder)}
+        spec = load_sweep_file(root / "docs" / "sweeps" / f"{folder.name}.yaml")
+        jobs = {config.run_dir.name for config in expand(spec, folder)}
         committed = {marker.parent.name for marker in folder.glob(f"*/{DONE_MARKER}")}
         assert committed and committed <= jobs, f"{folder.name}: committed jobs no sweep job names: {sorted(committed - jobs)}"
+        # What running the sweep again writes, so that a re-run leaves the tree clean: no machine's data root.
+        record = (folder / "sweep.yaml").read_text()
+        assert record == sweep_record(spec) and "data_root" not in record, f"{folder.name}/sweep.yaml"
+
+
+def test_a_sweep_run_again_from_another_data_root_leaves_its_folder_unchanged(tmp_path):
+    """A sweep folder records no machine's data root: a finished sweep re-run elsewhere leaves a clean tree."""
+    import numpy as np
+
+    root = tmp_path / "data"
+    (root / "mnist").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    np.savez(root / "mnist" / "mnist.npz", train_images=rng.integers(0, 255, (120, 28, 28), dtype=np.uint8),
+             train_labels=np.arange(120) % 10, test_images=rng.integers(0, 255, (60, 28, 28), dtype=np.uint8),
+             test_labels=np.arange(60) % 10)
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text(yaml.safe_dump(tiny_spec(algorithms=["fedavg"], targets=["0"], seeds=[0], hp={}).model_dump(mode="json")))
+    out = tmp_path / "out"
+    first = runner.invoke(app, ["sweep", str(spec_file), "--out", str(out), "--data-root", str(root), "--no-progress"])
+    assert first.exit_code == 0, first.output
+    files = {path: path.read_bytes() for path in out.rglob("*") if path.is_file() and "claims" not in path.parts}
+    assert "data_root" not in (out / "sweep.yaml").read_text()
+    assert (out / "sweep.yaml").read_text() == sweep_record(load_sweep_file(spec_file))
+    shutil.copytree(root, tmp_path / "elsewhere")  # the same data on another machine
+    again = runner.invoke(app, ["sweep", str(spec_file), "--out", str(out), "--data-root", str(tmp_path / "elsewhere"),
+                                "--no-progress"])
+    assert again.exit_code == 0 and "1 already done, 0 run" in again.output
+    assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file() and "claims" not in path.parts} == files

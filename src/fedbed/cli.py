@@ -295,10 +295,8 @@ def sweep(
                    "slower than with fewer threads", err=True)
     try:
         spec = load_sweep_file(sweep_file)
-        if data_root is not None:
-            spec = spec.model_copy(update={"base": {**spec.base, "data_root": str(data_root)}})
         folder = out or Path("runs") / "sweeps" / spec.name
-        outcome = run_sweep(spec, folder, workers=workers, threads=threads, progress=progress)
+        outcome = run_sweep(spec, folder, workers=workers, threads=threads, progress=progress, data_root=data_root)
     except ConfigError as error:
         fail(str(error))
     held = f"{len(outcome['held'])} running in another sweep process, " if outcome["held"] else ""

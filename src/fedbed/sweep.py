@@ -153,16 +153,28 @@ def config_hash(config: ExperimentConfig) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
-def expand(spec: SweepSpec, sweep_dir: Path) -> list[ExperimentConfig]:
+def sweep_record(spec: SweepSpec) -> str:
+    """The text of a sweep folder's ``sweep.yaml``: the sweep file as run, without ``base``'s
+    ``data_root`` (where one machine keeps the data), so that running a sweep on another machine
+    leaves a committed record unchanged."""
+    values = spec.model_dump(mode="json")
+    values["base"] = {key: value for key, value in values["base"].items() if key != "data_root"}
+    return yaml.safe_dump(values, sort_keys=False)
+
+
+def expand(spec: SweepSpec, sweep_dir: Path, data_root: Path | str | None = None) -> list[ExperimentConfig]:
     """Every job of the sweep, each with its run directory ``sweep_dir/<hash>``.
 
     Order: seed, then target, then algorithm, then variant, then hyperparameter values, so a
     partial sweep holds whole seeds. A variant's settings replace ``base``'s, its ``hp`` is
-    merged into ``base``'s, and the algorithm's grid values come last.
+    merged into ``base``'s, and the algorithm's grid values come last. ``data_root``, if given,
+    replaces ``base``'s (a placement setting: the jobs' hashes do not depend on it).
 
     Raises:
         ConfigError: an invalid setting, dataset, target, algorithm or hyperparameter.
     """
+    if data_root is not None:
+        spec = spec.model_copy(update={"base": {**spec.base, "data_root": str(data_root)}})
     try:
         dataset = dataset_spec(spec.base.get("dataset", "RotatedMNIST"))
         if spec.targets == "all":
@@ -326,8 +338,9 @@ def _run_job(config: ExperimentConfig, threads: int) -> JobOutcome:
 
 
 def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, threads: int | None = None,
-              progress: bool = True) -> dict[str, Any]:
-    """Run every unfinished job of the sweep.
+              progress: bool = True, data_root: Path | str | None = None) -> dict[str, Any]:
+    """Run every unfinished job of the sweep, and record the sweep file in the folder
+    (:func:`sweep_record`, without the data root).
 
     Args:
         spec: the validated sweep.
@@ -339,6 +352,9 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, threads: int |
             (another sweep on the same folder, a second sweep) share the machine's cores. Not
             checked against the cores (the CLI warns).
         progress: one overall progress bar (jobs done / total, ETA).
+        data_root: where the jobs read their data, instead of ``base``'s ``data_root`` (default:
+            that, else ``$FEDBED_DATA``); recorded in no file of the sweep folder but the new jobs'
+            ``config.yaml``.
 
     Raises:
         ConfigError: finished jobs made from other data than the sweep reads now
@@ -357,13 +373,15 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, threads: int |
         raise ConfigError(f"--workers must be at least 1, got {workers}")
     if threads is not None and threads < 1:
         raise ConfigError(f"--threads must be at least 1, got {threads}; leave it out for cores // workers")
-    jobs = expand(spec, sweep_dir)
+    jobs = expand(spec, sweep_dir, data_root)
     other_data = finished_on_other_data(jobs)
     if other_data:
         raise ConfigError(f"{len(other_data)} finished job(s) in {sweep_dir} were made from other data than this sweep "
                           f"reads (e.g. {other_data[0]}); give the data root they used, another --out, or delete them")
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    (sweep_dir / SWEEP_RECORD).write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    record = sweep_record(spec)
+    if not (sweep_dir / SWEEP_RECORD).exists() or (sweep_dir / SWEEP_RECORD).read_text() != record:
+        (sweep_dir / SWEEP_RECORD).write_text(record)
     pending = [job for job in jobs if not (job.run_dir / DONE_MARKER).exists()]
     threads = threads or max(1, (os.cpu_count() or 1) // workers)
     failed: dict[str, str] = {}
