@@ -1,4 +1,5 @@
 import math
+import re
 
 import pytest
 
@@ -32,9 +33,10 @@ def test_table_and_pairing():
     assert paired_pairs(runs, "a", "b", "last") == ([10, 30], [5, 7])
 
 
-def write_sweep(folder, runs, grid, logs=None):
-    """A sweep folder with a record varying ``grid`` and one run folder per (algorithm, hp, target, seed, id, ood);
-    ``logs``, if given, holds per run the ood accuracies of its evaluated rounds (its ``rounds.jsonl``)."""
+def write_sweep(folder, runs, grid, logs=None, names=None):
+    """A sweep folder with a record varying ``grid`` and one run folder per (algorithm, hp, target, seed, id, ood),
+    named ``names[i]`` (default ``run<i>``); ``logs``, if given, holds per run the ood accuracies of its evaluated
+    rounds (its ``rounds.jsonl``)."""
     import json
 
     import yaml
@@ -42,9 +44,10 @@ def write_sweep(folder, runs, grid, logs=None):
     folder.mkdir()
     (folder / "sweep.yaml").write_text(yaml.safe_dump({"name": "s", "algorithms": ["ppdg", "fedavg"], "hp": grid}))
     for number, (algorithm, hp, target, seed, id_score, ood) in enumerate(runs):
-        run = folder / f"run{number}"
+        run = folder / (names[number] if names else f"run{number}")
         run.mkdir()
-        scores = {rule: {"id_mean": id_score, "ood_mean": ood} for rule in ("last", "train_domain_val", "oracle")}
+        scores = {rule: {"id_mean": id_score, "ood_mean": ood, "id": {"s": id_score}, "ood": {target: ood}}
+                  for rule in ("last", "train_domain_val", "oracle")}
         (run / "config.yaml").write_text(yaml.safe_dump({"algorithm": algorithm, "hp": hp}))
         (run / "summary.json").write_text(json.dumps({"algorithm": algorithm, "hp": hp, "target": target, "seed": seed,
                                                        "selection": scores}))
@@ -66,9 +69,10 @@ def test_a_report_scores_the_mean_of_the_last_five_evaluations(tmp_path):
     write_sweep(tmp_path / "sweep", runs, {}, logs)
     result = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--selection", "last_five_mean"])
     assert result.exit_code == 0, result.output
-    assert "| fedavg | 17.0 ± 7.1 | 17.0 |" in result.output and "(last_five_mean, ± std over seeds)" in result.output
-    assert "| fedavg | 20.0 ± 14.1 | 20.0 |" in CliRunner().invoke(app, ["report", str(tmp_path / "sweep"),
-                                                                         "--selection", "last"]).output
+    # One target: no "mean" column repeating it.
+    assert "| fedavg | 17.0 ± 7.1 |\n" in result.output and "(last_five_mean, ± std over seeds) | a |\n" in result.output
+    assert "| fedavg | 20.0 ± 14.1 |\n" in CliRunner().invoke(app, ["report", str(tmp_path / "sweep"),
+                                                                    "--selection", "last"]).output
     write_sweep(tmp_path / "unlogged", runs, {})  # summaries without their rounds.jsonl
     result = CliRunner().invoke(app, ["report", str(tmp_path / "unlogged"), "--selection", "last_five_mean"])
     assert result.exit_code == 2 and "is missing or holds no evaluation; choose --selection last" in result.output
@@ -76,7 +80,10 @@ def test_a_report_scores_the_mean_of_the_last_five_evaluations(tmp_path):
 
 
 def test_select_hparams_chooses_by_source_validation_per_target(tmp_path):
-    from fedbed.reporting import sweep_tables
+    from fedbed.reporting import build_report
+
+    def sweep_tables(folder, selection, select_hparams=False):
+        return build_report(folder, selection, select_hparams=select_hparams).tables
 
     runs = [  # lambda 0.1 wins target a on id (mean 80 vs 75) though its ood is lower; lambda 1.0 wins target b
         ("ppdg", {"lam": 0.1}, "a", 0, 78, 10), ("ppdg", {"lam": 0.1}, "a", 1, 82, 12),
@@ -122,8 +129,8 @@ def test_a_t_test_of_identical_columns_says_why_it_is_undefined():
 
     runs = [{**summary(label, target, 0, ood), "label": label}
             for label, shift in (("a", 0.0), ("b", 0.0)) for target, ood in (("t1", 10.0), ("t2", 20.0))]
-    rows = t_test_rows(runs, ["a", "b"], "a", "last")
-    assert rows[1] == ["b", "2", "+0.00", "undefined", "undefined: the paired differences do not vary"]
+    rows = t_test_rows(runs, [("b", "a")], "last")
+    assert rows[1] == ["b", "a", "2", "+0.00", "undefined", "undefined: the paired differences do not vary"]
 
 
 def test_curves_have_markers_and_integer_round_ticks_and_alignment_plots_name_the_run(tmp_path):
@@ -143,3 +150,99 @@ def test_curves_have_markers_and_integer_round_ticks_and_alignment_plots_name_th
     (tmp_path / "summary.json").write_text(json.dumps({"clients": [["art_painting"], ["cartoon"], ["sketch"]]}))
     assert run_title(tmp_path) == f"ppdg on PACS, target photo, seed 2 ({tmp_path.name})"
     assert client_domains(tmp_path, [0, 2]) == "0 = art_painting, 2 = sketch"
+
+
+def two_folders(tmp_path):
+    """Table 6's layout in small: ``seeds`` holds fedavg and mcgdm (RandAugment, the default) over seeds 0-2,
+    ``am`` the mcgdm rows with Amplitude Mix and a copy of ``seeds``' seed-0 fedavg job (same hash, same files)."""
+    import shutil
+
+    randaugment = {"use_intra": False, "augmentation": "randaugment"}
+    amplitude_mix = {"use_intra": False, "augmentation": "amplitude_mix"}
+    write_sweep(tmp_path / "seeds", [("fedavg", {}, "sketch", 0, 50, 30.0), ("fedavg", {}, "sketch", 1, 52, 36.0),
+                                     ("fedavg", {}, "sketch", 2, 54, 33.0),
+                                     ("mcgdm", randaugment, "sketch", 0, 50, 31.0), ("mcgdm", randaugment, "sketch", 1, 50, 35.0),
+                                     ("mcgdm", randaugment, "sketch", 2, 50, 34.0)],
+                {"mcgdm": {"use_intra": [False, True]}}, names=["f0", "f1", "f2", "r0", "r1", "r2"])
+    write_sweep(tmp_path / "am", [("mcgdm", amplitude_mix, "sketch", seed, 60, ood) for seed, ood in enumerate((35.0, 36.0, 40.0))],
+                {"mcgdm": {"augmentation": ["amplitude_mix"], "use_intra": [False, True]}}, names=["a0", "a1", "a2"])
+    shutil.copytree(tmp_path / "seeds" / "f0", tmp_path / "am" / "f0")
+    return tmp_path / "seeds", tmp_path / "am"
+
+
+def test_a_report_of_several_folders_pairs_their_runs_and_counts_a_copied_job_once(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from fedbed.cli import app
+
+    seeds, am = two_folders(tmp_path)
+    alone = CliRunner().invoke(app, ["report", str(seeds), "--selection", "last"])
+    assert alone.exit_code == 0 and "| mcgdm(use_intra=False) | 33.3 ± 2.1 |" in alone.output  # one folder: its grid's labels
+    result = CliRunner().invoke(app, ["report", str(seeds), str(am), "--selection", "last", "--baseline", "fedavg"])
+    assert result.exit_code == 0, result.output
+    # The folders' records set augmentation differently: the labels name it, so the two mcgdm rows stay apart.
+    assert "| mcgdm(augmentation=amplitude_mix, use_intra=False) | 37.0 ± 2.6 |" in result.output
+    assert "| mcgdm(augmentation=randaugment, use_intra=False) | 33.3 ± 2.1 |" in result.output
+    assert "| fedavg | 33.0 ± 3.0 |" in result.output and "9 runs" in result.output  # the copy counted once
+    # Paired by seed across the folders: differences 5, 0, 7 from the Baseline; t = mean / (sd / sqrt(3)).
+    differences = [5.0, 0.0, 7.0]
+    sd = math.sqrt(sum((d - 4.0) ** 2 for d in differences) / 2)
+    assert (f"| mcgdm(augmentation=amplitude_mix, use_intra=False) | fedavg | 3 | +4.00 | {4.0 / (sd / math.sqrt(3)):.2f} |"
+            in result.output)
+    compared = CliRunner().invoke(app, ["report", str(seeds), str(am), "--selection", "last", "--compare",
+                                        "mcgdm(augmentation=amplitude_mix, use_intra=False) vs "
+                                        "mcgdm(augmentation=randaugment, use_intra=False)"])
+    assert "| randaugment, use_intra=False) | 3 | +3.67 |" in compared.output.replace("mcgdm(augmentation=", "")
+    # The copy with other results is another run under one label, target and seed: refused, naming both.
+    copy = am / "f0" / "summary.json"
+    copy.write_text(json.dumps({**json.loads(copy.read_text()), "wall_seconds": 1.0}))
+    refused = CliRunner().invoke(app, ["report", str(seeds), str(am), "--selection", "last"])
+    assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1
+    assert f"{seeds / 'f0'} and {am / 'f0'} are both fedavg, target sketch, seed 0" in refused.output
+    assert "the same job with other results" in refused.output and "Traceback" not in refused.output
+    (am / "f0").rename(am / "f9")  # another job (other settings) under the same label, target and seed
+    refused = CliRunner().invoke(app, ["report", str(seeds), str(am), "--selection", "last"])
+    assert refused.exit_code == 2 and "other settings: job hashes f0 and f9" in refused.output
+
+
+def test_a_report_shows_chosen_targets_labels_rules_and_seeds(tmp_path):
+    from fedbed.reporting import build_report
+
+    seeds, _ = two_folders(tmp_path)
+    report = build_report(seeds, ["last", "oracle"], labels=["mcgdm(use_intra=False)", "fedavg"], targets=["sketch"],
+                          per_seed=True)
+    ood = report.tables["ood"]
+    assert ood[0] == ["ood label (last, oracle (oracle: reads the target), ± std over seeds)",
+                      "sketch, last, seed 0", "sketch, last, seed 1", "sketch, last, seed 2", "sketch, last, all seeds",
+                      "sketch, oracle, seed 0", "sketch, oracle, seed 1", "sketch, oracle, seed 2", "sketch, oracle, all seeds"]
+    assert ood[1] == ["mcgdm(use_intra=False)", "31.0", "35.0", "34.0", "33.3 ± 2.1", "31.0", "35.0", "34.0", "33.3 ± 2.1"]
+    assert [row[0] for row in ood] [1:] == ["mcgdm(use_intra=False)", "fedavg"] and report.tables["id"][2][4] == "52.0 ± 2.0"
+    for wrong, message in (({"targets": ["photo"]}, "target 'photo' is not among the runs' targets: sketch"),
+                           ({"labels": ["ppdg"]}, "label 'ppdg' is not among the runs' labels: fedavg, mcgdm"),
+                           ({"baselines": ["ppdg"]}, "baseline 'ppdg' is not among"),
+                           ({"comparisons": ["fedavg against ppdg"]}, "--compare expects 'LABEL vs BASELINE'"),
+                           ({"selections": ["best"]}, "unknown selection 'best'")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            build_report(seeds, **{"selections": ["last"], **wrong})
+
+
+def test_curves_draw_finished_runs_only_and_say_what_they_left_out(tmp_path, monkeypatch):
+    import fedbed.plots as plots
+
+    runs = [("fedavg", {}, "a", 0, 70, 30.0), ("fedavg", {}, "a", 1, 70, 10.0)]
+    write_sweep(tmp_path / "sweep", runs, {}, logs=[[20.0, 30.0], [10.0, 10.0]])
+    (tmp_path / "sweep" / "run1" / "summary.json").unlink()  # seed 1 is still running
+    drawn, captions = [], []
+    band = plots._plot_mean_band
+    monkeypatch.setattr(plots, "_plot_mean_band", lambda axis, rows, key, label: (drawn.append(rows), band(axis, rows, key, label)))
+    caption = plots._caption
+    monkeypatch.setattr(plots, "_caption", lambda figure, notes: (captions.append(notes), caption(figure, notes)))
+    written = plots.plot_sweep(tmp_path / "sweep", "last")
+    assert [p.name for p in written] == ["curve_a.png", "domains_last.png"]
+    # The ood and id curves of target a: seed 0's two rounds, nothing of the unfinished seed 1.
+    assert [[(row["seed"], row["round"], row["ood_mean"]) for row in rows] for rows in drawn] == [[(0, 1, 20.0), (0, 2, 30.0)]] * 2
+    assert all("left out: 1 unfinished run(s), without summary.json" in notes for notes in captions)
+    with pytest.raises(ValueError, match="need a folder to go to"):
+        plots.plot_sweep([tmp_path / "sweep", tmp_path / "sweep"])

@@ -133,7 +133,7 @@ def test_results_report_and_html(tmp_path):
     html_path = tmp_path / "report.html"
     result = runner.invoke(app, ["report", str(tmp_path), "--baseline", "fedavg", "--spread", "se", "--html", str(html_path)])
     assert result.exit_code == 0, result.output
-    assert "± SE over seeds" in result.output and "| ppdg |" in result.output and "vs fedavg" in result.output
+    assert "± SE over seeds" in result.output and "| ppdg |" in result.output and "| ppdg | fedavg | 4 |" in result.output
     latex = runner.invoke(app, ["report", str(tmp_path), "--format", "latex", "--selection", "oracle"])
     assert "\\begin{tabular}" in latex.output and "oracle: reads the target" in latex.output
     assert "warning" not in result.output  # every run was made by this code
@@ -241,6 +241,8 @@ def test_a_sweep_refuses_finished_jobs_made_from_other_data_and_report_names_the
     (out / "copy").mkdir()
     for name in ("summary.json", "config.yaml"):
         (out / "copy" / name).write_text((run / name).read_text())
+    copied = json.loads((out / "copy" / "summary.json").read_text())  # as seed 1: not the same run twice
+    (out / "copy" / "summary.json").write_text(json.dumps({**copied, "seed": 1}))
     assert json.loads((out / "copy" / "summary.json").read_text())["data_source"].startswith("packed MNIST")
     mixed = runner.invoke(app, ["report", str(out), "--selection", "last"])
     assert mixed.exit_code == 2 and "read different data" in mixed.output

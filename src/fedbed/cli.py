@@ -349,75 +349,74 @@ def results(
 
 @app.command()
 def report(
-    sweep_dir: Annotated[Path, typer.Argument(help="A sweep folder.")],
-    selection: Annotated[str, typer.Option(
-        help="Model selection: last, train_domain_val, oracle, or last_five_mean (mean of the last five evaluations).")
-    ] = "train_domain_val",
+    sweep_dirs: Annotated[list[Path], typer.Argument(
+        help="One or more sweep folders; runs pair by label, target and seed across them (a job copied into "
+             "several counts once).", show_default=False)],
+    selection: Annotated[Optional[list[str]], typer.Option(
+        help="Model selection: last, train_domain_val (default), oracle, or last_five_mean (mean of the last five "
+             "evaluations); repeat for a column per rule; the first drives the t-tests, --select-hparams and plots.")
+    ] = None,
     spread: Annotated[str, typer.Option(help="'std' (over seeds) or 'se' (standard error).")] = "std",
-    baseline: Annotated[Optional[str], typer.Option(help="Label to t-test every other label against.")] = None,
+    baseline: Annotated[Optional[list[str]], typer.Option(
+        help="Label to t-test every other label against (repeatable).")] = None,
+    compare: Annotated[Optional[list[str]], typer.Option(
+        help="'LABEL vs BASELINE': one more paired t-test (repeatable).")] = None,
+    target: Annotated[Optional[list[str]], typer.Option(help="Show only this target (repeatable; columns in this order).")
+                      ] = None,
+    label: Annotated[Optional[list[str]], typer.Option(help="Show only this label (repeatable; rows in this order).")
+                     ] = None,
+    per_seed: Annotated[bool, typer.Option(help="A column per seed beside each mean over seeds.")] = False,
     format: Annotated[str, typer.Option(
         help="markdown, latex, or csv (tidy rows: label, algorithm, target, selection, metric, mean, std, se, n).")] = "markdown",
     output: Annotated[Optional[Path], typer.Option(help="Also write the tables to this file.")] = None,
-    html: Annotated[Optional[Path], typer.Option(help="Write a self-contained HTML report (tables + plots) here.")] = None,
+    html: Annotated[Optional[Path], typer.Option(
+        help="Write a self-contained HTML report (tables + plots) here; the plots go to the folder's plots/, or "
+             "for several folders beside the page (<name>_plots/).")] = None,
     select_hparams: Annotated[bool, typer.Option(
         help="Per method and target, keep the hyperparameters with the best id (source) validation, as DomainBed.")] = False,
     allow_mixed_data: Annotated[bool, typer.Option(help="Report runs that read different data together.")] = False,
 ) -> None:
-    """Tables of a sweep: algorithms x targets, mean ± std or ± SE over seeds, paired t-tests."""
-    from fedbed.federation.evaluation import REPORT_SELECTIONS
-    from fedbed.reporting import (
-        RENDERERS,
-        collect_summaries,
-        data_sources,
-        evaluation_notes,
-        html_report,
-        mixed_code_warning,
-        report_summaries,
-        sweep_settings,
-        sweep_tables,
-        tidy_rows,
-        to_csv,
-    )
+    """Tables of one or more sweep folders: labels x targets, mean ± std or ± SE over seeds, paired t-tests."""
+    from fedbed.reporting import html_report, render_report, sweep_settings
 
-    if selection not in REPORT_SELECTIONS:
-        fail(f"unknown selection {selection!r}; choose one of {', '.join(REPORT_SELECTIONS)}")
-    if spread not in ("std", "se"):
-        fail(f"--spread must be 'std' or 'se', got {spread!r}")
-    if format not in (*RENDERERS, "csv"):
-        fail(f"unknown format {format!r}; choose one of {', '.join(RENDERERS)}, csv")
     try:
-        tables = sweep_tables(sweep_dir, selection, spread, baseline, select_hparams)
-        if format == "csv":
-            text = to_csv(tidy_rows(report_summaries(sweep_dir, selection, select_hparams)[0], selection)).rstrip("\n")
-        else:
-            text = "\n\n".join(RENDERERS[format](rows) for rows in tables.values())
+        built = report_from_options(sweep_dirs, selection, spread, baseline, compare, target, label, per_seed,
+                                    select_hparams, allow_mixed_data)
+        text = render_report(built, format)
     except ValueError as error:
         fail(str(error))
-    sources, mixed = data_sources(collect_summaries(sweep_dir))
-    if mixed and not allow_mixed_data:
-        fail(f"the runs in {sweep_dir} read different data ({'; '.join(sources)}); report them separately, "
-             "or pass --allow-mixed-data")
-    notes = [f"data: {line}" for line in sources] + evaluation_notes(sweep_dir)
-    if notes and format == "markdown":
-        text += "\n\n" + "\n".join(notes)
     typer.echo(text)
-    if notes and format != "markdown":
-        typer.echo("\n".join(notes), err=True)
-    warning = mixed_code_warning(sweep_dir)
-    if warning is not None:
+    if built.notes and format != "markdown":
+        typer.echo("\n".join(built.notes), err=True)
+    for warning in built.warnings:
         typer.echo(warning, err=True)
     if output is not None:
         output.write_text(text + "\n")
     if html is not None:
         from fedbed.plots import plot_sweep
 
-        images = plot_sweep(sweep_dir, selection)
-        summaries = collect_summaries(sweep_dir)
-        configs = [yaml.safe_load(path.read_text()) or {} for path in sorted(sweep_dir.rglob("config.yaml"))]
-        html.write_text(html_report(tables, images, f"FedBed report: {sweep_dir.name} ({selection})",
-                                    [note for note in notes if not note.startswith("data: ")],  # in the settings block
-                                    sweep_settings(summaries, configs, selection)))
+        plots = html.parent / f"{html.stem}_plots" if len(sweep_dirs) > 1 else None
+        images = plot_sweep(sweep_dirs, built.selections[0], plots, built.runs)
+        title = ", ".join(folder.name for folder in sweep_dirs)
+        html.write_text(html_report(built.tables, images, f"FedBed report: {title} ({', '.join(built.selections)})",
+                                    [note for note in built.notes if not note.startswith("data: ")],  # in the settings
+                                    sweep_settings(built.summaries, [run.config for run in built.runs],
+                                                   ", ".join(built.selections))))
         typer.echo(f"HTML report: {html}")
+
+
+def report_from_options(sweep_dirs, selection, spread, baseline, compare, target, label, per_seed, select_hparams,
+                        allow_mixed_data, **_unused) -> Any:
+    """The :class:`fedbed.reporting.Report` of ``fedbed report``'s options (by their parameter
+    names; options that only say where to write are ignored).
+
+    Raises:
+        ValueError: as :func:`fedbed.reporting.build_report`.
+    """
+    from fedbed.reporting import build_report
+
+    return build_report(sweep_dirs, selection or ["train_domain_val"], spread, baseline or (), compare or (),
+                        select_hparams, target or (), label or (), per_seed, allow_mixed_data)
 
 
 @plot_app.command("alignment")

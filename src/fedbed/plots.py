@@ -5,8 +5,9 @@ curves, per-domain bars and the alignment telemetry across runs)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 import numpy as np
@@ -16,6 +17,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fedbed.run_directory import LOG_NAME  # noqa: E402
+
+if TYPE_CHECKING:
+    from fedbed.results import FinishedRun
 
 
 class PlotError(ValueError):
@@ -185,7 +189,8 @@ def _finite(value: float | None) -> float:
 
 def _mean_std_by_round(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float], list[float]]:
     """Rounds, and per round the mean and sample std (0 for a single value) of ``row[key]`` over
-    ``rows`` (rows of :func:`fedbed.results.query_rounds`); null values are left out."""
+    ``rows`` (rows of :func:`fedbed.results.round_rows` or :func:`fedbed.results.query_rounds`); null values
+    are left out."""
     import statistics
 
     by_round: dict[int, list[float]] = {}
@@ -207,8 +212,9 @@ def _plot_mean_band(axis, rows: list[dict[str, Any]], key: str, label: str) -> N
 
 
 def _caption(figure, notes: list[str]) -> None:
-    """Write ``notes`` (what the evaluation read, :func:`fedbed.reporting.evaluation_notes`) under
-    ``figure``, wrapped to its width, so a plot shown alone says what a report says."""
+    """Write ``notes`` (what the evaluation read, :func:`fedbed.reporting.evaluation_notes`, and
+    the unfinished runs left out) under ``figure``, wrapped to its width, so a plot shown alone
+    says what a report says."""
     import textwrap
 
     if notes:
@@ -217,36 +223,56 @@ def _caption(figure, notes: list[str]) -> None:
         figure.text(0.0, -0.02, text, fontsize="x-small", va="top", ha="left")
 
 
-def plot_sweep(sweep_dir: Path, selection: str = "train_domain_val") -> list[Path]:
-    """Write a sweep's plots into ``sweep_dir/plots/``.
+def plot_sweep(sweep_dirs: Path | Sequence[Path], selection: str = "train_domain_val", out: Path | None = None,
+               runs: list[FinishedRun] | None = None) -> list[Path]:
+    """Write the plots of one sweep folder's finished runs, or of several folders' read together
+    (labelled and paired as :func:`fedbed.reporting.build_report` does).
 
     Files: ``curve_<target>.png`` (ood and id accuracy vs round per label, mean over seeds with a
     band of ± one std), ``domains_<selection>.png`` (per-domain id and ood accuracy per label
     under ``selection``, mean over seeds and targets) and, when any run logged alignment
     telemetry, ``alignment_over_rounds.png`` (per label, the mean pairwise cosine of the client
     updates and the number of conflicting pairs ``⟨Δθ_i, Δθ_j⟩ < 0`` vs round, mean over targets
-    and seeds with a band of ± one std; the sweep-wide view of :func:`plot_alignment`). The
-    accuracy plots of runs scored by a linear probe (which trains on target labels) or under
+    and seeds with a band of ± one std; the sweep-wide view of :func:`plot_alignment`). Only
+    finished runs (with ``summary.json``) are drawn: a running or interrupted job would pull a
+    curve's late rounds towards its few seeds; the captions count the unfinished runs left out.
+    The accuracy plots of runs scored by a linear probe (which trains on target labels) or under
     domain adaptation carry the reports' evaluation notes as a caption.
+
+    Args:
+        sweep_dirs: a sweep folder, or several.
+        selection: the rule of the per-domain bars.
+        out: where to write (default: the one folder's ``plots/``; required for several folders).
+        runs: the runs to draw, scored under ``selection``
+            (:func:`fedbed.reporting.scored_runs`; default: every finished run of the folders).
 
     Returns:
         The paths written.
 
     Raises:
-        ValueError: ``last_five_mean`` and a run it cannot score
-            (:func:`fedbed.reporting.labelled_summaries`).
+        ValueError: several folders without ``out``; ``last_five_mean`` and a run it cannot score
+            (:func:`fedbed.reporting.scored_runs`); two different runs under one label, target and seed.
     """
     import statistics
 
-    from fedbed.reporting import evaluation_notes, labelled_summaries
-    from fedbed.results import query_rounds
+    from fedbed.reporting import evaluation_notes, scored_runs
+    from fedbed.results import as_folders, round_rows, unfinished_runs
 
-    out = sweep_dir / "plots"
+    folders = as_folders(sweep_dirs)
+    if out is None and len(folders) != 1:
+        raise ValueError("the plots of several sweep folders need a folder to go to (out)")
+    out = out if out is not None else folders[0] / "plots"
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    all_rows = query_rounds(sweep_dir)
+    runs = scored_runs(folders, selection) if runs is None else runs
+    summaries = [run.summary for run in runs]
+    all_rows = [{**row, "label": run.summary["label"], "target": run.summary["target"], "seed": run.summary["seed"]}
+                for run in runs for row in round_rows(run.path)]
     rows = [r for r in all_rows if r["ood_mean"] is not None]
-    notes = [note for note in evaluation_notes(sweep_dir) if note.startswith("evaluation")]
+    notes = [note for note in evaluation_notes(summaries) if note.startswith("evaluation")]
+    unfinished = unfinished_runs(folders)
+    if unfinished:
+        notes.append(f"left out: {len(unfinished)} unfinished run(s), without summary.json")
     for target in sorted({r["target"] for r in rows}, key=lambda t: (len(t), t)):
         figure, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharex=True)
         for label in sorted({r["label"] for r in rows if r["target"] == target}):
@@ -265,7 +291,6 @@ def plot_sweep(sweep_dir: Path, selection: str = "train_domain_val") -> list[Pat
         plt.close(figure)
         written.append(path)
 
-    summaries = labelled_summaries(sweep_dir, selection)
     labels = sorted({s["label"] for s in summaries})
     figure, axes = plt.subplots(1, 2, figsize=(11, 3.6))
     for axis, kind in zip(axes, ("id", "ood")):

@@ -2,25 +2,30 @@
 
 Every number says what it is: "± std" is the sample standard deviation over seeds (ddof = 1);
 "± SE" is the standard error std/√n (what DomainBed prints after its ±).
+
+A report reads one sweep folder or several (:func:`build_report`): the runs of all of them are
+labelled together (:func:`fedbed.results.labelled_runs`) and paired by (label, target, seed)
+across folders, so a comparison needs no job copied between folders.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from scipy import stats
 
-from fedbed.run_directory import CONFIG_NAME, SUMMARY_NAME
+from fedbed.results import FinishedRun, as_folders, finished_runs, labelled_runs, unfinished_runs
+from fedbed.run_directory import SUMMARY_NAME
 
 
-def collect_summaries(root: Path) -> list[dict[str, Any]]:
-    """Every ``summary.json`` below ``root`` (sorted by path)."""
-    return [json.loads(path.read_text()) for path in sorted(root.rglob(SUMMARY_NAME))]
+def collect_summaries(sweep_dirs: Path | Sequence[Path]) -> list[dict[str, Any]]:
+    """Every ``summary.json`` below one or more folders (sorted by path within each), a job
+    copied into several folders once (:func:`fedbed.results.finished_runs`)."""
+    return [run.summary for run in finished_runs(sweep_dirs)]
 
 
 def mean_std_se(values: Sequence[float]) -> tuple[float, float, float]:
@@ -58,29 +63,55 @@ def score_table(
     summaries: list[dict[str, Any]],
     groups: Sequence[str],
     targets: Sequence[str],
-    selection: str,
+    selections: str | Sequence[str],
     kind: str = "ood",
     spread: str = "std",
     group_key: str = "algorithm",
+    per_seed: bool = False,
 ) -> list[list[str]]:
-    """Rows (header first): one per group (algorithm or label), one column per target domain plus
-    the mean; a cell is the ``kind`` score (``"ood"`` or ``"id"``, the run's domain mean) under
-    ``selection``, ``mean ± spread`` over seeds. The "mean" column averages the per-target means
-    and is left empty unless every target has runs."""
+    """Rows (header first): one per group (algorithm or label), and per target domain one column
+    per selection rule; a cell is the ``kind`` score (``"ood"`` or ``"id"``, the run's domain
+    mean) under that rule, ``mean ± spread`` over seeds. With several rules a column is headed
+    ``"<target>, <rule>"``. With ``per_seed``, each such column is preceded by one per seed of the
+    target's runs (``"<target>, seed <s>"``, the run's score) and headed ``"<target>, all seeds"``.
+    With more than one target, a "mean" column per rule averages the per-target means (left
+    empty unless every target has runs). A missing cell is "–"."""
+    selections = [selections] if isinstance(selections, str) else list(selections)
     label = "± std over seeds" if spread == "std" else "± SE over seeds"
-    oracle = " (oracle: reads the target)" if selection == "oracle" else ""
-    rows = [[f"{kind} {group_key} ({selection}{oracle}, {label})", *targets, "mean"]]
+    oracle = " (oracle: reads the target)" if "oracle" in selections else ""
+
+    def name(*parts: str) -> str:
+        return ", ".join(part for part in parts if part)
+
+    def rule(selection: str) -> str:
+        return selection if len(selections) > 1 else ""
+
+    seeds = {target: sorted({s["seed"] for s in summaries if s["target"] == target}) for target in targets}
+    header = [f"{kind} {group_key} ({', '.join(selections)}{oracle}, {label})"]
+    for target in targets:
+        for selection in selections:
+            if per_seed:
+                header += [name(target, rule(selection), f"seed {seed}") for seed in seeds[target]]
+            header.append(name(target, rule(selection), "all seeds" if per_seed else ""))
+    if len(targets) > 1:
+        header += [name("mean", rule(selection)) for selection in selections]
+    rows = [header]
     for group in groups:
-        cells, means = [], []
+        cells: list[str] = []
+        means: dict[str, list[float]] = {selection: [] for selection in selections}
         for target in targets:
-            values = [
-                s["selection"][selection][f"{kind}_mean"]
-                for s in summaries if s[group_key] == group and s["target"] == target
-            ]
-            cells.append(format_spread(values, spread) if values else "–")
-            if values:
-                means.append(sum(values) / len(values))
-        rows.append([group, *cells, f"{sum(means) / len(means):.1f}" if len(means) == len(targets) else "–"])
+            runs = [s for s in summaries if s[group_key] == group and s["target"] == target]
+            for selection in selections:
+                values = [s["selection"][selection][f"{kind}_mean"] for s in runs]
+                if per_seed:
+                    by_seed = {s["seed"]: s["selection"][selection][f"{kind}_mean"] for s in runs}
+                    cells += [f"{by_seed[seed]:.1f}" if seed in by_seed else "–" for seed in seeds[target]]
+                cells.append(format_spread(values, spread) if values else "–")
+                if values:
+                    means[selection].append(sum(values) / len(values))
+        if len(targets) > 1:
+            cells += [f"{sum(means[s]) / len(means[s]):.1f}" if len(means[s]) == len(targets) else "–" for s in selections]
+        rows.append([group, *cells])
     return rows
 
 
@@ -101,24 +132,26 @@ def to_latex(rows: list[list[str]]) -> str:
     return "\n".join(lines + ["\\hline", "\\end{tabular}"])
 
 
-def tidy_rows(summaries: list[dict[str, Any]], selection: str) -> list[dict[str, Any]]:
-    """One record per (label, target, metric) with numbers, not formatted text: ``label``,
-    ``algorithm``, ``target``, ``selection``, ``metric`` (``ood`` or ``id``, the run's domain
-    mean, %), ``mean``, ``std`` (ddof = 1), ``se``, ``n`` (seeds); ``std`` and ``se`` are empty
-    for one seed."""
-    groups: dict[tuple[str, str, str], list[float]] = {}
+def tidy_rows(summaries: list[dict[str, Any]], selections: str | Sequence[str]) -> list[dict[str, Any]]:
+    """One record per (label, target, selection rule, metric) with numbers, not formatted text:
+    ``label``, ``algorithm``, ``target``, ``selection``, ``metric`` (``ood`` or ``id``, the run's
+    domain mean, %), ``mean``, ``std`` (ddof = 1), ``se``, ``n`` (seeds); ``std`` and ``se`` are
+    empty for one seed. Sorted by label, target, then the rules in the given order."""
+    selections = [selections] if isinstance(selections, str) else list(selections)
+    groups: dict[tuple[str, str, int, str], list[float]] = {}
     algorithms = {}
     for summary in summaries:
         algorithms[summary["label"]] = summary["algorithm"]
-        for metric in ("ood", "id"):
-            groups.setdefault((summary["label"], summary["target"], metric), []).append(
-                summary["selection"][selection][f"{metric}_mean"])
+        for position, selection in enumerate(selections):
+            for metric in ("ood", "id"):
+                groups.setdefault((summary["label"], summary["target"], position, metric), []).append(
+                    summary["selection"][selection][f"{metric}_mean"])
     records = []
-    for (label, target, metric), values in sorted(groups.items()):
+    for (label, target, position, metric), values in sorted(groups.items()):
         mean, std, se = mean_std_se(values)
-        records.append({"label": label, "algorithm": algorithms[label], "target": target, "selection": selection,
-                        "metric": metric, "mean": mean, "std": None if math.isnan(std) else std,
-                        "se": None if math.isnan(se) else se, "n": len(values)})
+        records.append({"label": label, "algorithm": algorithms[label], "target": target,
+                        "selection": selections[position], "metric": metric, "mean": mean,
+                        "std": None if math.isnan(std) else std, "se": None if math.isnan(se) else se, "n": len(values)})
     return records
 
 
@@ -153,45 +186,47 @@ def paired_pairs(
     return [a[k] for k in keys], [b[k] for k in keys]
 
 
-def labelled_summaries(sweep_dir: Path, selection: str | None = None) -> list[dict[str, Any]]:
-    """The summaries below ``sweep_dir``, each with a ``label`` (see :func:`fedbed.results.run_label`),
-    a ``group``: the label without the hyperparameters the sweep's grid varies (the method,
-    and its variant), among whose runs :func:`select_hyperparameters` chooses.
+def scored_runs(sweep_dirs: Path | Sequence[Path], selections: str | Sequence[str] = ()) -> list[FinishedRun]:
+    """The finished runs below one or more folders, labelled over all of them
+    (:func:`fedbed.results.labelled_runs`): each summary has a ``label`` and a ``group`` (the
+    label without hyperparameters: the method and its variant, among whose runs
+    :func:`select_hyperparameters` chooses).
 
     Args:
-        sweep_dir: a sweep folder.
-        selection: with :data:`~fedbed.federation.evaluation.LAST_FIVE_MEAN`, each summary's
-            ``selection`` gains that report-only entry, computed from the run's ``rounds.jsonl``
-            (only then are the logs read).
+        sweep_dirs: a sweep folder, or several.
+        selections: the rules to be read; with :data:`~fedbed.federation.evaluation.LAST_FIVE_MEAN`
+            among them, each summary's ``selection`` gains that report-only entry, computed from
+            the run's ``rounds.jsonl`` (only then are the logs read).
 
     Raises:
-        ValueError: with ``LAST_FIVE_MEAN``, a run whose ``rounds.jsonl`` is missing, holds no
-            evaluation or does not parse (the message names it).
+        ValueError: two different runs with one label, target and seed
+            (:class:`fedbed.results.ResultsError`); with ``LAST_FIVE_MEAN``, a run whose
+            ``rounds.jsonl`` is missing, holds no evaluation or does not parse (the message names it).
     """
+    import json
+
     from fedbed.federation.evaluation import LAST_FIVE_MEAN, mean_of_last_evaluations
-    from fedbed.results import run_label, sweep_variants, varied_hyperparameters, variant_of
     from fedbed.run_result import read_log
 
-    varied, variants = varied_hyperparameters(sweep_dir), sweep_variants(sweep_dir)
-    summaries = []
-    for path in sorted(sweep_dir.rglob(SUMMARY_NAME)):
-        summary = json.loads(path.read_text())
-        config = yaml.safe_load((path.parent / CONFIG_NAME).read_text()) if variants else {}
-        summaries.append(summary)
-        variant = variant_of(config, variants)
-        summary["label"] = run_label(summary["algorithm"], summary.get("hp", {}), varied.get(summary["algorithm"], []), variant)
-        summary["group"] = run_label(summary["algorithm"], {}, [], variant)
-        if selection == LAST_FIVE_MEAN:
-            try:
-                evaluations = [record["evaluation"] for record in read_log(path.parent) if record.get("evaluation")]
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path.parent}'s rounds.jsonl does not parse ({error}); choose --selection last "
-                                 "or train_domain_val") from None
-            if not evaluations:
-                raise ValueError(f"{path.parent} cannot be scored by {LAST_FIVE_MEAN}: its rounds.jsonl is missing or "
-                                 "holds no evaluation; choose --selection last or train_domain_val")
-            summary["selection"][LAST_FIVE_MEAN] = mean_of_last_evaluations(evaluations)
-    return summaries
+    runs = labelled_runs(sweep_dirs)
+    if LAST_FIVE_MEAN not in ([selections] if isinstance(selections, str) else selections):
+        return runs
+    for run in runs:
+        try:
+            evaluations = [record["evaluation"] for record in read_log(run.path) if record.get("evaluation")]
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{run.path}'s rounds.jsonl does not parse ({error}); choose --selection last "
+                             "or train_domain_val") from None
+        if not evaluations:
+            raise ValueError(f"{run.path} cannot be scored by {LAST_FIVE_MEAN}: its rounds.jsonl is missing or "
+                             "holds no evaluation; choose --selection last or train_domain_val")
+        run.summary["selection"][LAST_FIVE_MEAN] = mean_of_last_evaluations(evaluations)
+    return runs
+
+
+def labelled_summaries(sweep_dirs: Path | Sequence[Path], selections: str | Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The summaries of :func:`scored_runs` (same arguments and errors)."""
+    return [run.summary for run in scored_runs(sweep_dirs, selections)]
 
 
 def select_hyperparameters(summaries: list[dict[str, Any]], selection: str) -> tuple[list[dict[str, Any]], list[list[str]]]:
@@ -228,77 +263,188 @@ def select_hyperparameters(summaries: list[dict[str, Any]], selection: str) -> t
     return kept, rows
 
 
-def t_test_rows(summaries: list[dict[str, Any]], labels: Sequence[str], baseline: str, selection: str) -> list[list[str]]:
-    """Rows (header first) of a paired t-test of each label against ``baseline`` over (target,
-    seed) pairs of ood scores, as PPDG's Table 7 (``scipy.stats.ttest_rel``, two-sided)."""
-    rows = [[f"vs {baseline} ({selection})", "pairs", "mean difference", "t", "p"]]
-    for label in labels:
-        if label == baseline:
-            continue
+def comparison_pairs(labels: Sequence[str], baselines: Sequence[str] = (),
+                     comparisons: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """The (label, baseline) pairs a report t-tests, in order and each once: every label against
+    each of ``baselines``, then each ``"A vs B"`` of ``comparisons``.
+
+    Raises:
+        ValueError: a baseline or a compared label that is not among ``labels``, or a comparison
+            without `` vs ``.
+    """
+    def known(label: str, role: str) -> str:
+        if label not in labels:
+            raise ValueError(f"{role} {label!r} is not among the runs' labels: {', '.join(labels)}")
+        return label
+
+    pairs = [(label, known(baseline, "baseline")) for baseline in baselines for label in labels if label != baseline]
+    for comparison in comparisons:
+        method, separator, baseline = comparison.partition(" vs ")
+        if not separator:
+            raise ValueError(f"--compare expects 'LABEL vs BASELINE', got {comparison!r}")
+        pairs.append((known(method.strip(), "compared label"), known(baseline.strip(), "compared label")))
+    return list(dict.fromkeys(pairs))
+
+
+def t_test_rows(summaries: list[dict[str, Any]], pairs: Sequence[tuple[str, str]], selection: str) -> list[list[str]]:
+    """Rows (header first) of a paired t-test of each (label, baseline) pair over the (target,
+    seed) pairs of their ood scores under ``selection``, as PPDG's Table 7
+    (``scipy.stats.ttest_rel``, two-sided): the number of pairs, the mean difference label −
+    baseline, t and p; "–" with fewer than two pairs, "undefined" where the differences do not vary."""
+    rows = [[f"paired t-test of ood ({selection})", "against", "pairs", "mean difference", "t", "p"]]
+    for label, baseline in pairs:
         method, base = paired_pairs(summaries, label, baseline, selection, group_key="label")
         if len(method) < 2:
-            rows.append([label, str(len(method)), "–", "–", "–"])
+            rows.append([label, baseline, str(len(method)), "–", "–", "–"])
             continue
         t, p = paired_t_test(method, base)
         difference = sum(a - b for a, b in zip(method, base)) / len(method)
         if math.isnan(t):  # every pair differs by the same amount (e.g. identical runs): no variance to test
-            rows.append([label, str(len(method)), f"{difference:+.2f}", "undefined",
+            rows.append([label, baseline, str(len(method)), f"{difference:+.2f}", "undefined",
                          "undefined: the paired differences do not vary"])
             continue
-        rows.append([label, str(len(method)), f"{difference:+.2f}", f"{t:.2f}", f"{p:.3g}"])
+        rows.append([label, baseline, str(len(method)), f"{difference:+.2f}", f"{t:.2f}", f"{p:.3g}"])
     return rows
 
 
-def report_summaries(sweep_dir: Path, selection: str, select_hparams: bool = False
-                     ) -> tuple[list[dict[str, Any]], list[list[str]] | None]:
-    """The labelled summaries a report shows and, with ``select_hparams``, the rows of the
-    hyperparameter choices (:func:`select_hyperparameters`; else ``None``).
+@dataclass(frozen=True)
+class Report:
+    """What ``fedbed report`` shows (:func:`build_report`).
 
-    Raises:
-        ValueError: no finished run below ``sweep_dir``, a run ``last_five_mean`` cannot score
-            (:func:`labelled_summaries`), or ``select_hparams`` with ``oracle``.
+    Attributes:
+        selections: the model-selection rules of the tables; the first is the one the t-tests,
+            ``select_hparams`` and the plots use.
+        tables: rows (header first) by key of :data:`TABLE_HEADINGS`: ``ood``, ``id``, and with
+            comparisons ``t_test``, with ``select_hparams`` ``selected_hyperparameters``.
+        summaries: the labelled summaries the tables read (under ``select_hparams``, the chosen
+            runs relabelled by their group).
+        runs: the runs of the shown targets and labels (under ``select_hparams``, every candidate
+            of the shown methods), for the settings block and the plots.
+        notes: which data the runs read (``data: ...``, :func:`data_sources`) and what their
+            evaluation read (:func:`evaluation_notes`).
+        warnings: runs made by several versions of the code (:func:`code_mix_warning`), and
+            unfinished runs left out.
     """
-    summaries = labelled_summaries(sweep_dir, selection)
-    if not summaries:
-        raise ValueError(f"{sweep_dir} holds no finished run (no {SUMMARY_NAME})")
-    if not select_hparams:
-        return summaries, None
-    return select_hyperparameters(summaries, selection)
+
+    selections: list[str]
+    tables: dict[str, list[list[str]]]
+    summaries: list[dict[str, Any]]
+    runs: list[FinishedRun]
+    notes: list[str]
+    warnings: list[str]
 
 
-def sweep_tables(
-    sweep_dir: Path, selection: str = "train_domain_val", spread: str = "std", baseline: str | None = None,
+def build_report(
+    sweep_dirs: Path | Sequence[Path],
+    selections: str | Sequence[str] = ("train_domain_val",),
+    spread: str = "std",
+    baselines: Sequence[str] = (),
+    comparisons: Sequence[str] = (),
     select_hparams: bool = False,
-) -> dict[str, list[list[str]]]:
-    """The report's tables of a sweep folder: ``ood``, ``id``, with a baseline ``t_test``, and
-    with ``select_hparams`` (:func:`select_hyperparameters`) one row per method and variant
-    holding its chosen hyperparameters per target, plus the ``selected_hyperparameters`` table.
+    targets: Sequence[str] = (),
+    labels: Sequence[str] = (),
+    per_seed: bool = False,
+    allow_mixed_data: bool = False,
+) -> Report:
+    """The report of one sweep folder or of several read together: rows are labels (method,
+    variant and varied hyperparameters, :func:`fedbed.results.labelled_runs`), columns target
+    domains (:func:`score_table`); runs pair by (label, target, seed) across the folders, a job
+    copied into several counts once, and two different runs under one key are refused.
+
+    Args:
+        sweep_dirs: the folders.
+        selections: model-selection rules (:data:`~fedbed.federation.evaluation.REPORT_SELECTIONS`),
+            one column each; the first drives the t-tests and ``select_hparams``.
+        spread: ``"std"`` (over seeds) or ``"se"`` (standard error).
+        baselines: labels to t-test every other shown label against (:func:`comparison_pairs`).
+        comparisons: ``"LABEL vs BASELINE"`` pairs to t-test.
+        select_hparams: keep, per method (and variant) and target, the hyperparameters with the best
+            source validation (:func:`select_hyperparameters`).
+        targets: show only these targets, in this order (default: all, shortest name first).
+        labels: show only these labels (rows), in this order (default: all, sorted); under
+            ``select_hparams``, method (and variant) names.
+        per_seed: a column per seed beside each mean (:func:`score_table`).
+        allow_mixed_data: report runs that read different data together.
 
     Raises:
-        ValueError: no finished run below ``sweep_dir``, a baseline that is not among the labels,
-            or ``select_hparams`` with the ``oracle`` selection.
+        ValueError: an unknown rule or spread, no finished run, two different runs under one
+            (label, target, seed), a run ``last_five_mean`` cannot score, a target, label,
+            baseline or compared label not among the runs', ``select_hparams`` with ``oracle``,
+            or runs that read different data without ``allow_mixed_data``.
     """
-    summaries, choices = report_summaries(sweep_dir, selection, select_hparams)
-    labels = sorted({s["label"] for s in summaries})
-    targets = sorted({s["target"] for s in summaries}, key=lambda t: (len(t), t))
-    tables = {kind: score_table(summaries, labels, targets, selection, kind, spread, "label") for kind in ("ood", "id")}
-    if baseline is not None:
-        if baseline not in labels:
-            raise ValueError(f"baseline {baseline!r} is not among the runs' labels: {', '.join(labels)}")
-        tables["t_test"] = t_test_rows(summaries, labels, baseline, selection)
+    from fedbed.federation.evaluation import REPORT_SELECTIONS
+
+    folders = as_folders(sweep_dirs)
+    selections = [selections] if isinstance(selections, str) else list(selections) or ["train_domain_val"]
+    for selection in selections:
+        if selection not in REPORT_SELECTIONS:
+            raise ValueError(f"unknown selection {selection!r}; choose one of {', '.join(REPORT_SELECTIONS)}")
+    if spread not in ("std", "se"):
+        raise ValueError(f"--spread must be 'std' or 'se', got {spread!r}")
+    runs = scored_runs(folders, selections)
+    if not runs:
+        where = ", ".join(str(folder) for folder in folders)
+        raise ValueError(f"{where} {'holds' if len(folders) == 1 else 'hold'} no finished run (no {SUMMARY_NAME})")
+    found = sorted({run.summary["target"] for run in runs}, key=lambda t: (len(t), t))
+    for target in targets:
+        if target not in found:
+            raise ValueError(f"target {target!r} is not among the runs' targets: {', '.join(found)}")
+    targets = list(targets) or found
+    runs = [run for run in runs if run.summary["target"] in targets]
+    summaries, choices = [run.summary for run in runs], None
+    if select_hparams:
+        summaries, choices = select_hyperparameters(summaries, selections[0])
+    shown = sorted({s["label"] for s in summaries})
+    for label in labels:
+        if label not in shown:
+            raise ValueError(f"label {label!r} is not among the runs' labels: {', '.join(shown)}")
+    labels = list(labels) or shown
+    summaries = [s for s in summaries if s["label"] in labels]
+    targets = [target for target in targets if any(s["target"] == target for s in summaries)]
+    tables = {kind: score_table(summaries, labels, targets, selections, kind, spread, "label", per_seed)
+              for kind in ("ood", "id")}
+    pairs = comparison_pairs(labels, baselines, comparisons)
+    if pairs:
+        tables["t_test"] = t_test_rows(summaries, pairs, selections[0])
     if choices is not None:
-        tables["selected_hyperparameters"] = choices
-    return tables
+        tables["selected_hyperparameters"] = [choices[0]] + [row for row in choices[1:] if row[0] in labels]
+    sources, mixed = data_sources(summaries)
+    if mixed and not allow_mixed_data:
+        raise ValueError(f"the runs in {', '.join(str(folder) for folder in folders)} read different data "
+                         f"({'; '.join(sources)}); report them separately, or pass --allow-mixed-data")
+    warnings = [warning for warning in [code_mix_warning(summaries)] if warning is not None]
+    unfinished = unfinished_runs(folders)
+    if unfinished:
+        warnings.append(f"note: {len(unfinished)} unfinished run(s) left out (no {SUMMARY_NAME} yet), e.g. {unfinished[0]}")
+    runs = [run for run in runs if run.summary["group" if select_hparams else "label"] in labels]
+    return Report(selections, tables, summaries, runs,
+                  [f"data: {line}" for line in sources] + evaluation_notes(summaries), warnings)
 
 
-def evaluation_notes(sweep_dir: Path) -> list[str]:
-    """What the evaluation of the finished runs below ``sweep_dir`` read, and what privacy they
-    guarantee, one line per distinct statement with its number of runs: a table scored by a
-    linear probe, which reads target labels, or under domain adaptation says so
+def render_report(report: Report, format: str = "markdown") -> str:
+    """The report's text as ``fedbed report`` prints it: its tables in ``format`` (``markdown``
+    or ``latex``, :data:`RENDERERS`), separated by blank lines, and with Markdown its notes
+    after them; with ``csv``, :func:`tidy_rows` of every selection rule instead.
+
+    Raises:
+        ValueError: an unknown format.
+    """
+    if format == "csv":
+        return to_csv(tidy_rows(report.summaries, report.selections)).rstrip("\n")
+    if format not in RENDERERS:
+        raise ValueError(f"unknown format {format!r}; choose one of {', '.join(RENDERERS)}, csv")
+    text = "\n\n".join(RENDERERS[format](rows) for rows in report.tables.values())
+    return text + "\n\n" + "\n".join(report.notes) if report.notes and format == "markdown" else text
+
+
+def evaluation_notes(summaries: list[dict[str, Any]]) -> list[str]:
+    """What the evaluation of the runs of ``summaries`` read, and what privacy they guarantee,
+    one line per distinct statement with its number of runs: a table scored by a linear probe,
+    which reads target labels, or under domain adaptation says so
     (:meth:`fedbed.build.BuiltRun.evaluation_statement`); runs under differential privacy give
     their (ε, δ) (:func:`fedbed.algorithms.differential_privacy.privacy_statement`)."""
     counts: dict[str, int] = {}
-    for summary in collect_summaries(sweep_dir):
+    for summary in summaries:
         statement = summary.get("evaluation") or {}
         notes = [f"evaluation ({{}}): {statement[key]}" for key in ("note", "adaptation_note") if key in statement]
         if summary.get("privacy"):
@@ -326,20 +472,24 @@ def data_sources(summaries: list[dict[str, Any]]) -> tuple[list[str], bool]:
     return lines, mixed
 
 
-def mixed_code_warning(sweep_dir: Path) -> str | None:
-    """One line if the finished runs below ``sweep_dir`` were made by more than one version of
-    FedBed's code, counting a run resumed under other code than it began with
+def code_mix_warning(summaries: list[dict[str, Any]]) -> str | None:
+    """One line if the runs of ``summaries`` were made by more than one version of FedBed's code,
+    counting a run resumed under other code than it began with
     (:func:`fedbed.provenance.code_versions`), else ``None``: a code change can change a
     method's numbers under unchanged settings, and a sweep skips finished jobs."""
     from fedbed.provenance import code_versions, source_mix
 
-    summaries = collect_summaries(sweep_dir)
     mix, versions = source_mix(summaries), code_versions(summaries)
     if len(versions) < 2:
         return None
     counts = ", ".join(f"{source.replace('+', ' then ')}: {count}" for source, count in mix.most_common())
     return (f"warning: these runs come from {len(versions)} versions of FedBed's code (runs per source fingerprint: "
             f"{counts}); their numbers may not be comparable: delete the older run folders and run the sweep again")
+
+
+def mixed_code_warning(sweep_dirs: Path | Sequence[Path]) -> str | None:
+    """:func:`code_mix_warning` of every finished run below one or more folders."""
+    return code_mix_warning(collect_summaries(sweep_dirs))
 
 
 RENDERERS = {"markdown": to_markdown, "latex": to_latex}

@@ -1,6 +1,9 @@
 """Results as data: a run (:func:`load_run`) or every run below a folder (:func:`load_sweep`) as
 pandas tables, and the results store, every run of a sweep folder indexed in SQLite (built in
 memory when read; written to ``results.sqlite`` by :func:`index_runs` for ``fedbed results``).
+The finished runs of several folders read as one, labelled together and keyed by (label,
+target, seed), a job copied between folders once: :func:`labelled_runs`, what ``fedbed report``
+pairs.
 
 Tables:
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +32,7 @@ import yaml
 
 from fedbed.federation.evaluation import SELECTION_RULES
 from fedbed.gradients import mean_pairwise_cosine
-from fedbed.run_directory import CONFIG_NAME, STORE_NAME, SUMMARY_NAME, SWEEP_RECORD
+from fedbed.run_directory import CONFIG_NAME, LOG_NAME, STORE_NAME, SUMMARY_NAME, SWEEP_RECORD
 from fedbed.run_result import HISTORY_COLUMNS, ResultsError, load_run, read_log
 
 RUN_COLUMNS = ("run", "dataset", "algorithm", "label", "target", "seed", "hp", "done") + tuple(
@@ -36,21 +40,39 @@ RUN_COLUMNS = ("run", "dataset", "algorithm", "label", "target", "seed", "hp", "
 )
 
 
+def sweep_record(sweep_dir: Path) -> dict[str, Any]:
+    """The sweep file recorded in ``sweep_dir`` (``sweep.yaml``) as a mapping; empty without one."""
+    record = sweep_dir / SWEEP_RECORD
+    return (yaml.safe_load(record.read_text()) or {}) if record.exists() else {}
+
+
 def varied_hyperparameters(sweep_dir: Path) -> dict[str, list[str]]:
     """Per algorithm, the hyperparameters the sweep file gives more than one value."""
-    record = sweep_dir / SWEEP_RECORD
-    if not record.exists():
-        return {}
-    spec = yaml.safe_load(record.read_text()) or {}
-    return {alg: sorted(k for k, v in grid.items() if len(v) > 1) for alg, grid in (spec.get("hp") or {}).items()}
+    return {alg: sorted(k for k, v in grid.items() if len(v) > 1)
+            for alg, grid in (sweep_record(sweep_dir).get("hp") or {}).items()}
 
 
 def sweep_variants(sweep_dir: Path) -> dict[str, dict[str, Any]]:
     """The named variants of the sweep file recorded in ``sweep_dir`` (none without a record)."""
-    record = sweep_dir / SWEEP_RECORD
-    if not record.exists():
-        return {}
-    return (yaml.safe_load(record.read_text()) or {}).get("variants") or {}
+    return sweep_record(sweep_dir).get("variants") or {}
+
+
+UNSET = "(unset)"
+"""The value :func:`declared_hyperparameters` gives a hyperparameter a sweep file leaves to the
+method's default."""
+
+
+def declared_hyperparameters(record: dict[str, Any], algorithm: str, variant: str | None) -> dict[str, frozenset[str]]:
+    """Per hyperparameter a sweep record sets for the runs of ``algorithm`` in ``variant``
+    (``None``: the sweep's runs without a variant), the values it gives them as JSON text: its
+    ``base``'s ``hp``, the variant's ``hp`` over it, the algorithm's grid last (as
+    :func:`fedbed.sweep.expand` builds a job). A hyperparameter left to the default is absent."""
+    hp = {**((record.get("base") or {}).get("hp") or {}),
+          **(((record.get("variants") or {}).get(variant) or {}).get("hp") or {})}
+    declared = {key: frozenset([json.dumps(value, sort_keys=True)]) for key, value in hp.items()}
+    for key, values in ((record.get("hp") or {}).get(algorithm) or {}).items():
+        declared[key] = frozenset(json.dumps(value, sort_keys=True) for value in values)
+    return declared
 
 
 VARIANT_LIMITS = {"only_algorithms": "algorithm", "only_targets": "target"}
@@ -92,6 +114,127 @@ def run_label(algorithm: str, hp: dict[str, Any], varied: list[str], variant: st
     return f"{label}(" + ", ".join(f"{k}={hp.get(k)}" for k in varied) + ")"
 
 
+def as_folders(sweep_dirs: Path | str | Sequence[Path | str]) -> list[Path]:
+    """One folder or several as a list of paths, in the given order."""
+    return [Path(sweep_dirs)] if isinstance(sweep_dirs, (str, Path)) else [Path(folder) for folder in sweep_dirs]
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A run that wrote its summary, found below one of a report's folders.
+
+    Attributes:
+        path: the run folder (its name is the job's hash in a sweep folder).
+        sweep_dir: the folder it was found below.
+        summary: ``summary.json``; :func:`labelled_runs` adds ``label`` and ``group``.
+        config: ``config.yaml`` (empty without one).
+    """
+
+    path: Path
+    sweep_dir: Path
+    summary: dict[str, Any]
+    config: dict[str, Any]
+
+
+def _same_record(a: Path, b: Path) -> bool:
+    """Whether two run folders hold the same job with the same record: one folder name (the
+    job's hash), equal summaries and byte-equal logs."""
+    def log(path: Path) -> bytes:
+        return (path / LOG_NAME).read_bytes() if (path / LOG_NAME).exists() else b""
+
+    return (a.name == b.name and json.loads((a / SUMMARY_NAME).read_text()) == json.loads((b / SUMMARY_NAME).read_text())
+            and log(a) == log(b))
+
+
+def finished_runs(sweep_dirs: Path | Sequence[Path]) -> list[FinishedRun]:
+    """Every finished run (a folder with ``summary.json``) below one or more folders, in the
+    folders' order and by path within each. A job found in several folders with the same record
+    (copies: the same folder name, that is job hash, equal ``summary.json`` and byte-equal
+    ``rounds.jsonl``) is kept once, from the first folder; nothing is written."""
+    runs: list[FinishedRun] = []
+    seen: dict[str, list[Path]] = {}
+    for folder in as_folders(sweep_dirs):
+        for path in sorted(folder.rglob(SUMMARY_NAME)):
+            run_dir = path.parent
+            if any(_same_record(other, run_dir) for other in seen.get(run_dir.name, [])):
+                continue
+            seen.setdefault(run_dir.name, []).append(run_dir)
+            config = (yaml.safe_load((run_dir / CONFIG_NAME).read_text()) or {}) if (run_dir / CONFIG_NAME).exists() else {}
+            runs.append(FinishedRun(run_dir, folder, json.loads(path.read_text()), config))
+    return runs
+
+
+def unfinished_runs(sweep_dirs: Path | Sequence[Path]) -> list[Path]:
+    """The run folders below the folders that have settings (``config.yaml``) but no summary yet:
+    running, interrupted or failed jobs, which reports and plots leave out."""
+    return [path.parent for folder in as_folders(sweep_dirs) for path in sorted(folder.rglob(CONFIG_NAME))
+            if not (path.parent / SUMMARY_NAME).exists()]
+
+
+def labelled_runs(sweep_dirs: Path | Sequence[Path]) -> list[FinishedRun]:
+    """:func:`finished_runs`, each summary with a ``label`` (:func:`run_label`) and a ``group``
+    (the label without hyperparameters): the algorithm, its sweep variant and the values of the
+    hyperparameters that vary. Over one folder these are the ones its sweep file's grid varies,
+    as ``fedbed results`` labels them. Over several, a method's (and variant's) runs from folders
+    whose sweep records set a hyperparameter differently (:func:`declared_hyperparameters`; e.g.
+    ``augmentation: amplitude_mix`` in one, the default in the other) also name its value, so the
+    labels tell the folders' runs apart and equal labels pair across folders.
+
+    Raises:
+        ResultsError: two different runs with one label, target and seed (other settings under
+            one label, or the same job with other results), naming both folders: the pairing
+            would be ambiguous.
+    """
+    runs = finished_runs(sweep_dirs)
+    folders = list(dict.fromkeys(run.sweep_dir for run in runs))
+    records = {folder: sweep_record(folder) for folder in folders}
+    varied = {folder: varied_hyperparameters(folder) for folder in folders}
+    variants = {folder: sweep_variants(folder) for folder in folders}
+    variant = {run.path: variant_of(run.config, variants[run.sweep_dir]) for run in runs}
+    declared: dict[tuple[str, str | None], dict[Path, dict[str, frozenset[str]]]] = {}
+    for run in runs:
+        group = (run.summary["algorithm"], variant[run.path])
+        declared.setdefault(group, {})[run.sweep_dir] = declared_hyperparameters(records[run.sweep_dir], *group)
+    across: dict[tuple[str, str | None], set[str]] = {}
+    for group, by_folder in declared.items():
+        keys = set().union(*by_folder.values())
+        across[group] = {key for key in keys
+                         if len({values.get(key, frozenset([UNSET])) for values in by_folder.values()}) > 1}
+    owners: dict[tuple[str, str, Any], FinishedRun] = {}
+    for run in runs:
+        algorithm, name = run.summary["algorithm"], variant[run.path]
+        keys = sorted(set(varied[run.sweep_dir].get(algorithm, [])) | across[(algorithm, name)])
+        run.summary["label"] = run_label(algorithm, run.summary.get("hp", {}), keys, name)
+        run.summary["group"] = run_label(algorithm, {}, [], name)
+        key = (run.summary["label"], run.summary["target"], run.summary["seed"])
+        if key in owners:
+            other = owners[key].path
+            why = ("the same job with other results" if other.name == run.path.name
+                   else f"other settings: job hashes {other.name} and {run.path.name}")
+            raise ResultsError(f"{other} and {run.path} are both {key[0]}, target {key[1]}, seed {key[2]} but differ "
+                               f"({why}); report their folders separately or remove one")
+        owners[key] = run
+    return runs
+
+
+ROUND_COLUMNS = ("round", "train_loss", "id_mean", "ood_mean", "conflicting_pairs", "mean_cosine")
+"""The columns of :func:`round_rows`, in the ``rounds`` table's order after ``run``."""
+
+
+def round_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """One row per logged round of a run (the ``rounds`` columns but ``run``): ``round``,
+    ``train_loss``, ``id_mean``, ``ood_mean`` (``None`` where not evaluated), ``conflicting_pairs``
+    and ``mean_cosine`` (``None`` where the round logged no alignment telemetry)."""
+    rows = []
+    for record in read_log(run_dir):
+        evaluation = record.get("evaluation") or {}
+        alignment = record.get("alignment") or {}
+        rows.append({"round": record["round"], "train_loss": (record.get("metrics") or {}).get("train_loss"),
+                     "id_mean": evaluation.get("id_mean"), "ood_mean": evaluation.get("ood_mean"),
+                     "conflicting_pairs": alignment.get("conflicting_pairs"), "mean_cosine": logged_mean_cosine(alignment)})
+    return rows
+
+
 def logged_mean_cosine(alignment: dict[str, Any]) -> float | None:
     """The mean pairwise cosine (:func:`fedbed.gradients.mean_pairwise_cosine`) of a round's logged
     ``alignment`` record; ``None`` without a cosine matrix, for a single client, or where an entry
@@ -113,7 +256,7 @@ def _fill_store(db: sqlite3.Connection, sweep_dir: Path) -> None:
         raise ResultsError(f"{sweep_dir} holds no FedBed run (no {CONFIG_NAME} below it)")
     varied, variants = varied_hyperparameters(sweep_dir), sweep_variants(sweep_dir)
     db.execute(f"CREATE TABLE runs ({', '.join(RUN_COLUMNS)})")
-    db.execute("CREATE TABLE rounds (run, round, train_loss, id_mean, ood_mean, conflicting_pairs, mean_cosine)")
+    db.execute(f"CREATE TABLE rounds (run, {', '.join(ROUND_COLUMNS)})")
     for config_path in configs:
         run_dir = config_path.parent
         name = run_dir.relative_to(sweep_dir).as_posix()
@@ -134,14 +277,8 @@ def _fill_store(db: sqlite3.Connection, sweep_dir: Path) -> None:
             chosen = summary["selection"][rule] if summary else {}
             row.update({f"{rule}_round": chosen.get("round"), f"{rule}_id": chosen.get("id_mean"), f"{rule}_ood": chosen.get("ood_mean")})
         db.execute(f"INSERT INTO runs VALUES ({', '.join('?' for _ in RUN_COLUMNS)})", [row[c] for c in RUN_COLUMNS])
-        for record in read_log(run_dir):
-            evaluation = record.get("evaluation") or {}
-            alignment = record.get("alignment") or {}
-            db.execute(
-                "INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (name, record["round"], record["metrics"].get("train_loss"), evaluation.get("id_mean"),
-                 evaluation.get("ood_mean"), alignment.get("conflicting_pairs"), logged_mean_cosine(alignment)),
-            )
+        for rounds in round_rows(run_dir):
+            db.execute("INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?)", (name, *(rounds[c] for c in ROUND_COLUMNS)))
 
 
 def index_runs(sweep_dir: Path) -> Path:
