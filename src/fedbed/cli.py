@@ -419,6 +419,61 @@ def report_from_options(sweep_dirs, selection, spread, baseline, compare, target
                         select_hparams, target or (), label or (), per_seed, allow_mixed_data)
 
 
+def report_block_text(arguments: list[str]) -> str:
+    """What ``fedbed report ARGUMENTS`` prints as Markdown, for a doc's generated block
+    (:mod:`fedbed.doc_tables`): the arguments are parsed as the command line parses them.
+
+    Raises:
+        ValueError: arguments the command refuses, options that write elsewhere (``--html``,
+            ``--output``) or another ``--format`` than Markdown, or the report's own errors.
+    """
+    import click
+    import typer.main
+
+    from fedbed.reporting import render_report
+
+    command = typer.main.get_command(app).commands["report"]  # type: ignore[attr-defined]
+    try:
+        with command.make_context("fedbed report", list(arguments)) as context:
+            options = dict(context.params)
+    except click.ClickException as error:
+        raise ValueError(error.format_message()) from None
+    if options["html"] is not None or options["output"] is not None or options["format"] != "markdown":
+        raise ValueError("a doc's block shows the Markdown tables only: drop --html, --output and --format")
+    return render_report(report_from_options(**options), "markdown")
+
+
+@app.command("update-docs")
+def update_docs(
+    docs: Annotated[list[Path], typer.Argument(help="Markdown files with generated blocks (e.g. docs/results/*.md).",
+                                               show_default=False)],
+    check: Annotated[bool, typer.Option(help="Write nothing; exit 1 if a block differs from what its command prints.")
+                     ] = False,
+) -> None:
+    """Rewrite every block between `<!-- fedbed report ARGS -->` and `<!-- end fedbed report -->` with
+    what `fedbed report ARGS` prints now, from the checkout's root (the folders are relative to it)."""
+    from fedbed.doc_tables import DocTablesError, report_blocks, rewrite_blocks
+
+    differing = 0
+    for doc in docs:
+        if not doc.is_file():
+            fail(f"{doc} does not exist")
+        text = doc.read_text()
+        try:
+            new, changed = rewrite_blocks(text, report_block_text)
+        except DocTablesError as error:
+            fail(f"{doc}: {error}")
+        for block in changed:
+            typer.echo(f"{doc}:{block.line}: {'differs' if check else 'rewritten'}: {block.command}")
+        if changed and not check:
+            doc.write_text(new)
+        differing += len(changed)
+        typer.echo(f"{doc}: {len(report_blocks(text))} generated block(s), {len(changed)} "
+                   f"{'differ' if check else 'rewritten'}")
+    if check and differing:
+        raise typer.Exit(1)
+
+
 @plot_app.command("alignment")
 def plot_alignment_command(
     run_dir: Annotated[Path, typer.Argument(help="A run directory (holding rounds.jsonl).")],
