@@ -130,7 +130,18 @@ def test_a_t_test_of_identical_columns_says_why_it_is_undefined():
     runs = [{**summary(label, target, 0, ood), "label": label}
             for label, shift in (("a", 0.0), ("b", 0.0)) for target, ood in (("t1", 10.0), ("t2", 20.0))]
     rows = t_test_rows(runs, [("b", "a")], "last")
-    assert rows[1] == ["b", "a", "2", "+0.00", "undefined", "undefined: the paired differences do not vary"]
+    assert rows[1] == ["b", "a", "2", "+0.00", "undefined", "undefined: the paired differences do not vary", "–"]
+    assert rows[0][-1] == "p, Holm over 0"  # an undefined test is not one of Holm's m
+
+
+def test_holm_adjusts_by_hand():
+    from fedbed.reporting import holm
+
+    # Sorted 0.01, 0.02, 0.04, 0.30 (m = 4): 4 x 0.01 = 0.04; 3 x 0.02 = 0.06; 2 x 0.04 = 0.08; 1 x 0.30 = 0.30.
+    assert holm([0.04, 0.30, 0.01, 0.02]) == pytest.approx([0.08, 0.30, 0.04, 0.06])
+    # Step-down monotone: a later p never gets a smaller adjustment; capped at 1.
+    assert holm([0.02, 0.021, 0.9]) == pytest.approx([0.06, 0.06, 0.9]) and holm([0.6, 0.7]) == [1.0, 1.0]
+    assert holm([]) == []
 
 
 def test_curves_have_markers_and_integer_round_ticks_and_alignment_plots_name_the_run(tmp_path):
@@ -190,7 +201,7 @@ def test_a_report_of_several_folders_pairs_their_runs_and_counts_a_copied_job_on
     differences = [5.0, 0.0, 7.0]
     sd = math.sqrt(sum((d - 4.0) ** 2 for d in differences) / 2)
     assert (f"| mcgdm(augmentation=amplitude_mix, use_intra=False) | fedavg | 3 | +4.00 | {4.0 / (sd / math.sqrt(3)):.2f} |"
-            in result.output)
+            in result.output) and "| p | p, Holm over 2 |" in result.output
     compared = CliRunner().invoke(app, ["report", str(seeds), str(am), "--selection", "last", "--compare",
                                         "mcgdm(augmentation=amplitude_mix, use_intra=False) vs "
                                         "mcgdm(augmentation=randaugment, use_intra=False)"])

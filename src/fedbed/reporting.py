@@ -286,12 +286,25 @@ def comparison_pairs(labels: Sequence[str], baselines: Sequence[str] = (),
     return list(dict.fromkeys(pairs))
 
 
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of ``m`` p-values (Holm 1979), in their order: with the
+    p-values sorted ascending, the i-th (1-based) becomes ``max over j <= i of min(1, (m − j + 1)·p_(j))``;
+    an adjusted p below α rejects at family-wise error rate α. Empty in, empty out."""
+    order = sorted(range(len(p_values)), key=lambda index: p_values[index])
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
+
+
 def t_test_rows(summaries: list[dict[str, Any]], pairs: Sequence[tuple[str, str]], selection: str) -> list[list[str]]:
     """Rows (header first) of a paired t-test of each (label, baseline) pair over the (target,
     seed) pairs of their ood scores under ``selection``, as PPDG's Table 7
     (``scipy.stats.ttest_rel``, two-sided): the number of pairs, the mean difference label −
-    baseline, t and p; "–" with fewer than two pairs, "undefined" where the differences do not vary."""
-    rows = [[f"paired t-test of ood ({selection})", "against", "pairs", "mean difference", "t", "p"]]
+    baseline, t, p, and p adjusted by :func:`holm` over the table's tests; "–" with fewer than
+    two pairs, "undefined" where the differences do not vary (neither counts in Holm's m)."""
+    rows, p_values = [], []
     for label, baseline in pairs:
         method, base = paired_pairs(summaries, label, baseline, selection, group_key="label")
         if len(method) < 2:
@@ -304,7 +317,11 @@ def t_test_rows(summaries: list[dict[str, Any]], pairs: Sequence[tuple[str, str]
                          "undefined: the paired differences do not vary"])
             continue
         rows.append([label, baseline, str(len(method)), f"{difference:+.2f}", f"{t:.2f}", f"{p:.3g}"])
-    return rows
+        p_values.append((len(rows) - 1, p))
+    adjusted = dict(zip((row for row, _ in p_values), holm([p for _, p in p_values])))
+    header = [f"paired t-test of ood ({selection})", "against", "pairs", "mean difference", "t", "p",
+              f"p, Holm over {len(p_values)}"]
+    return [header] + [row + [f"{adjusted[index]:.3g}" if index in adjusted else "–"] for index, row in enumerate(rows)]
 
 
 @dataclass(frozen=True)
