@@ -211,6 +211,13 @@ def _plot_mean_band(axis, rows: list[dict[str, Any]], key: str, label: str) -> N
     round_axis(axis, rounds)
 
 
+def _legend_beside(axis) -> None:
+    """The figure's legend (one entry per label) to the right of ``axis``, the last panel, where
+    long labels (a report over several folders names hyperparameters) cover no curve."""
+    handles, labels = axis.figure.axes[0].get_legend_handles_labels()
+    axis.legend(handles, labels, fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+
+
 def _caption(figure, notes: list[str]) -> None:
     """Write ``notes`` (what the evaluation read, :func:`fedbed.reporting.evaluation_notes`, and
     the unfinished runs left out) under ``figure``, wrapped to its width, so a plot shown alone
@@ -284,7 +291,7 @@ def plot_sweep(sweep_dirs: Path | Sequence[Path], selection: str = "train_domain
         for axis in axes:
             axis.set_xlabel("round")
             axis.set_ylabel("accuracy (%), mean ± std over seeds")
-        axes[0].legend(fontsize="small")
+        _legend_beside(axes[-1])
         _caption(figure, notes)
         path = out / f"curve_{target}.png"
         figure.savefig(path, dpi=100, bbox_inches="tight")
@@ -306,7 +313,7 @@ def plot_sweep(sweep_dirs: Path | Sequence[Path], selection: str = "train_domain
         axis.set_xticks([i + 0.4 - width / 2 for i in range(len(domains))], domains)
         axis.set_title(f"{kind} accuracy per domain ({selection}{', oracle' if selection == 'oracle' else ''})")
         axis.set_ylabel("accuracy (%), mean over runs")
-    axes[0].legend(fontsize="small")
+    _legend_beside(axes[-1])
     _caption(figure, notes)
     path = out / f"domains_{selection}.png"
     figure.savefig(path, dpi=100, bbox_inches="tight")
@@ -326,7 +333,7 @@ def plot_sweep(sweep_dirs: Path | Sequence[Path], selection: str = "train_domain
         axes[1].set_ylabel(r"conflicting pairs $\langle\Delta\theta_i, \Delta\theta_j\rangle < 0$")
         for axis in axes:
             axis.set_xlabel("round")
-        axes[0].legend(fontsize="small")
+        _legend_beside(axes[-1])
         path = out / "alignment_over_rounds.png"
         figure.savefig(path, dpi=100, bbox_inches="tight")
         plt.close(figure)
