@@ -99,6 +99,67 @@ def test_the_matching_losses_train_the_featurizer_exactly(inter_reduction, gradi
     assert gradient.abs().sum() > 0
 
 
+def head_gradient_by_hand(weight: torch.Tensor, bias: torch.Tensor, features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """∇ of the batch-mean cross-entropy of the linear head (W, b) at ``features``, flattened as
+    (W row by row, b): with δ = (softmax(F Wᵀ + b) − one-hot(y)) / B, ∇W = δᵀ F and ∇b = Σ_rows δ."""
+    probabilities = torch.softmax(features @ weight.T + bias, dim=1)
+    delta = (probabilities - nn.functional.one_hot(targets, weight.shape[0]).to(features.dtype)) / len(targets)
+    return torch.cat([(delta.T @ features).reshape(-1), delta.sum(dim=0)])
+
+
+def cross_entropy_by_hand(weight: torch.Tensor, bias: torch.Tensor, features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """−log softmax(F Wᵀ + b)[y], the batch mean."""
+    logits = features @ weight.T + bias
+    return (torch.logsumexp(logits, dim=1) - logits[torch.arange(len(targets)), targets]).mean()
+
+
+def one_minus_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return 1.0 - float(a @ b) / float(a.norm() * b.norm())
+
+
+def test_one_mcgdm_batch_loss_is_eq_8_by_hand(monkeypatch):
+    """The loss the MCGDM client minimises on one batch, with its default hyperparameters (λ = 0.3,
+    ``inter_reduction: sum``), equals ½(CE(x) + CE(A(x))) + λ L_intra + (1 − λ) L_inter computed by
+    hand from the same tensors: the head's gradients from their closed form, L_intra = 1 − cos(g, g'),
+    L_inter = Σ_j (1 − cos(g', g_j)) over the two previous heads the server sent."""
+    from fedbed.algorithms import mcgdm
+    from fedbed.federation.local_data import Batch, ClientData
+    from fedbed.federation.messages import Payload
+
+    algorithm = get_algorithm("mcgdm")
+    hparams = algorithm.hyperparameters()
+    assert hparams.matching_lambda == 0.3 and hparams.inter_reduction == "sum"
+    factory = lambda: DomainClassifier(nn.Flatten(), nn.Linear(2, 2), 2)  # noqa: E731  features = inputs
+    trainer = algorithm.create_trainer(hparams, AlgorithmContext(factory, TrainingBudget(batch_size=2, local_steps=1), seed=0))
+    weight, bias = torch.tensor([[0.5, -1.0], [0.25, 0.5]]), torch.tensor([0.1, -0.2])
+    heads = [(torch.tensor([[1.0, 0.0], [0.0, -1.0]]), torch.tensor([0.0, 0.3])),
+             (torch.tensor([[-0.5, 0.5], [2.0, 0.0]]), torch.tensor([0.2, 0.0]))]
+    read_only = {f"head{j}/{name}": tensor for j, (w, b) in enumerate(heads) for name, tensor in (("weight", w), ("bias", b))}
+    payload = Payload(arrays={"classifier.weight": weight, "classifier.bias": bias}, read_only_arrays=read_only,
+                      config={"round": 2, "rounds": 3, "batch_seed": 7})
+    captured = {}
+
+    def capture(model, data, round_hparams, budget, generator, batch_loss, *args, **kwargs):
+        captured["batch_loss"] = batch_loss
+        return 0.0
+
+    monkeypatch.setattr(mcgdm, "train_locally", capture)
+    data = ClientData(torch.zeros(2, 2), torch.tensor([0, 1]), torch.zeros(2, dtype=torch.long))
+    trainer.fit(payload, data, {})
+    x, augmented, y = torch.tensor([[1.0, 2.0], [0.0, -1.0]]), torch.tensor([[2.0, 0.0], [1.0, 1.0]]), torch.tensor([0, 1])
+    loss = captured["batch_loss"](Batch(inputs=x, targets=y, views=(augmented,)))
+
+    ce, ce_augmented = cross_entropy_by_hand(weight, bias, x, y), cross_entropy_by_hand(weight, bias, augmented, y)
+    g, g_augmented = head_gradient_by_hand(weight, bias, x, y), head_gradient_by_hand(weight, bias, augmented, y)
+    intra = one_minus_cosine(g, g_augmented)
+    inter = sum(one_minus_cosine(g_augmented, head_gradient_by_hand(w, b, x, y)) for w, b in heads)
+    assert abs(intra - inter) > 0.1  # so a swapped λ, or a mean over the heads, changes the loss
+    expected = 0.5 * float(ce + ce_augmented) + 0.3 * intra + 0.7 * inter
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    assert loss.item() != pytest.approx(0.5 * float(ce + ce_augmented) + 0.7 * intra + 0.3 * inter, abs=1e-3)  # λ swapped
+    assert loss.item() != pytest.approx(0.5 * float(ce + ce_augmented) + 0.3 * intra + 0.7 * inter / 2, abs=1e-3)  # mean
+
+
 def replies_with_heads(model, clients):
     state = model.state_dict()
     return {c: Reply({k: v + c for k, v in state.items()}, num_examples=10 + c) for c in clients}
@@ -112,14 +173,19 @@ def test_the_server_sends_the_previous_heads_read_only(include_own_head):
     strategy.initialize(model, [ClientInfo(c, 10 + c, (c,)) for c in range(3)])
     first = strategy.configure_round(1, [0, 1, 2])
     assert all(p.read_only_arrays == {} for p in first.values())  # round 1: no previous heads
-    strategy.aggregate(1, replies_with_heads(model, [0, 1, 2]))
+    replies = replies_with_heads(model, [0, 1, 2])
+    strategy.aggregate(1, replies)
     second = strategy.configure_round(2, [0, 1, 2])
     expected = [0, 1, 2] if include_own_head else [1, 2]
     assert sorted({name.split("/")[0] for name in second[0].read_only_arrays}) == [f"head{j}" for j in expected]
     assert set(second[0].arrays) == set(model.state_dict())  # the model travels as arrays, the heads do not
     heads = previous_heads_of(second[0])
     assert len(heads) == len(expected) and set(heads[0]) == {"weight", "bias"}
-    assert torch.equal(heads[-1]["bias"], strategy.heads[2]["bias"])
+    # Each head sent is the one its own client replied with (the replies' heads differ by client).
+    for j, head in zip(expected, heads):
+        for name in ("weight", "bias"):
+            assert torch.equal(head[name], replies[j].arrays[f"classifier.{name}"])
+            assert torch.equal(strategy.heads[j][name], replies[j].arrays[f"classifier.{name}"])
     restored = MCGDMStrategy(include_own_head=include_own_head)
     restored.initialize(DomainClassifier(nn.Flatten(), nn.Linear(4, 3), 4), [])
     restored.load_state_dict(strategy.state_dict())
