@@ -24,7 +24,38 @@ def test_the_vote_by_hand():
         [[0.3, 0.5, 0.2], [0.2, 0.2, 0.6], [0.005, 0.005, 0.99]],
     ])
     assert knowledge_vote(probabilities, 0.9).tolist() == [1, -1, 0]
+    assert knowledge_vote(probabilities).tolist() == [1, -1, 0]  # the default gate is KD3A's 0.9
     assert knowledge_vote(probabilities, 0.99).tolist() == [-1, -1, -1]
+    assert knowledge_vote(probabilities, 0.5).tolist() == [1, 2, 0]  # image 1: model 2's 0.6 on class 2 passes 0.5
+
+
+def test_a_runs_knowledge_vote_gates_at_0_9(tmp_path):
+    """The strategy a ``target_adaptation: knowledge_vote`` run builds votes with KD3A's gate 0.9:
+    source models whose top probability is 0.8 on every target image label nothing (and the global
+    model stays the sources' average); at 0.95 every image gets their class."""
+    from fedbed.build import build_run
+    from fedbed.federation.messages import Reply
+    from fedbed.federation.transport import InProcessClients
+
+    built = build_run(ExperimentConfig(run_dir=tmp_path, **{**SETTINGS, "local_steps": 1}))
+    federation = built.federation(InProcessClients(built.trainer(), []))
+    strategy = federation.strategy
+    start = built.initial_model.state_dict()
+    classes = built.dataset.num_classes
+
+    def replies_predicting_class_0_with(top: float) -> dict[int, Reply]:
+        # A zero classifier weight and a bias of log p give softmax = p on every image.
+        p = torch.full((classes,), (1 - top) / (classes - 1))
+        p[0] = top
+        arrays = {**start, "classifier.weight": torch.zeros_like(start["classifier.weight"]), "classifier.bias": p.log()}
+        return {client: Reply(dict(arrays), num_examples=10) for client in range(len(built.partitions))}
+
+    unsure = replies_predicting_class_0_with(0.8)
+    summary = strategy.aggregate(1, unsure)
+    labels = summary.telemetry["pseudo_labels"]
+    assert len(labels) == len(built.adaptation_indices) > 0 and set(labels) == {-1}
+    assert all(torch.allclose(tensor, unsure[0].arrays[key]) for key, tensor in strategy.global_model().state_dict().items())
+    assert set(strategy.aggregate(2, replies_predicting_class_0_with(0.95)).telemetry["pseudo_labels"]) == {0}
 
 
 def quiet(config):
