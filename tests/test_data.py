@@ -58,7 +58,9 @@ def test_mnist_packed_npz_then_embedded(tmp_path):
     assert "embedded" in source and len(labels) == 5000
 
 
-def test_rotated_mnist_follows_domainbed():
+def test_rotated_mnist_follows_domainbed(monkeypatch):
+    """DomainBed's RotatedMNIST: MNIST shuffled with seed 0, strided into six domains, domain d turned
+    by its angle counter-clockwise; a 90-degree domain is exactly ``torch.rot90`` of its digits."""
     dataset = rotated_mnist(None)
     assert dataset.domain_names == tuple(str(a) for a in ROTATED_MNIST_ANGLES)
     counts = torch.bincount(dataset.domains).tolist()
@@ -71,6 +73,39 @@ def test_rotated_mnist_follows_domainbed():
     original = raw[order][3].float()
     assert not torch.allclose(rotated_45, original)
     assert abs(rotated_45.sum() - original.sum()) / original.sum() < 0.2  # rotation keeps most of the ink
+    # The 90-degree check: with the angles (0, 90), the second domain's images are its digits turned
+    # a quarter counter-clockwise, pixel for pixel (a quarter turn moves pixels without interpolating),
+    # so the loader turns each domain by its own angle, in degrees, in DomainBed's direction.
+    monkeypatch.setattr("fedbed.data.mnist.ROTATED_MNIST_ANGLES", (0, 90))
+    quarter = rotated_mnist(None)
+    assert quarter.domain_names == ("0", "90")
+    two_way = raw[torch.randperm(5000, generator=torch.Generator().manual_seed(0))]
+    assert torch.equal(quarter.images[quarter.domains == 0][:, 0], two_way[0::2])
+    turned = quarter.images[quarter.domains == 1][:, 0]
+    assert torch.equal(turned, torch.rot90(two_way[1::2], 1, dims=(1, 2)))
+    assert not torch.equal(turned, torch.rot90(two_way[1::2], -1, dims=(1, 2)))  # not clockwise
+
+
+def test_the_data_fingerprint_covers_images_labels_domains_and_names():
+    """The fingerprint changes when only one pixel changes (another file, resize or sample), when
+    only a label or a domain id changes, and when a name changes; equal data held in other tensors
+    gives the same fingerprint."""
+    images = torch.arange(2 * 1 * 2 * 2, dtype=torch.uint8).view(2, 1, 2, 2)
+    labels, domains = torch.tensor([0, 1]), torch.tensor([0, 1])
+
+    def dataset(images=images, labels=labels, domains=domains, class_names=("a", "b"), domain_names=("d0", "d1")):
+        return DomainDataset("tiny", images, labels, domains, class_names, domain_names, "test")
+
+    reference = dataset().fingerprint
+    assert dataset(images.clone(), labels.clone(), domains.clone()).fingerprint == reference
+    assert dataset().fingerprint == reference and len(reference) == 16
+    one_pixel = images.clone()
+    one_pixel[1, 0, 1, 1] += 1
+    assert dataset(images=one_pixel).fingerprint != reference
+    assert dataset(labels=torch.tensor([1, 1])).fingerprint != reference
+    assert dataset(domains=torch.tensor([1, 1])).fingerprint != reference
+    assert dataset(class_names=("a", "c")).fingerprint != reference
+    assert dataset(domain_names=("d0", "d2")).fingerprint != reference
 
 
 def test_shared_mnist_gives_the_full_dataset(shared_data):
