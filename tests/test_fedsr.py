@@ -4,13 +4,14 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 from fedbed.algorithms import get_algorithm
-from fedbed.algorithms.fedsr import FedSRModel, gaussian_kl
+from fedbed.algorithms.fedsr import gaussian_kl
 from fedbed.algorithms.registry import AlgorithmContext, TrainingBudget
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import Payload
-from fedbed.models import build_model
+from fedbed.models import DomainClassifier, build_model
 
 
 def test_gaussian_kl_by_hand():
@@ -42,11 +43,35 @@ def test_prior_stays_on_the_client_and_only_the_model_is_sent():
 
 
 def test_evaluation_averages_probabilities_over_samples():
-    torch.manual_seed(0)
-    model = FedSRModel(build_model("lenet", (1, 28, 28), 4), z_dim=5).eval()
-    log_probabilities = model(torch.rand(6, 1, 28, 28))
-    assert log_probabilities.shape == (6, 4)
-    assert torch.allclose(log_probabilities.exp().sum(dim=1), torch.ones(6), atol=1e-5)
+    """In evaluation, the model FedSR's registration builds returns log((1/20) Σ_s softmax(C(μ + σ ε_s)))
+    over 20 draws ε_s of z (the authors' test-time averaging), computed here by hand from the same
+    draws: μ and σ = softplus(·) from the representation's linear map, then the classifier's."""
+    algorithm = get_algorithm("fedsr")
+    model = algorithm.wrap_model(DomainClassifier(nn.Flatten(), nn.Linear(2, 3), 2), algorithm.hyperparameters()).eval()
+    representation_weight = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.5, -0.5], [-1.0, 0.25]])  # [2 z, d]: mean rows, std rows
+    representation_bias = torch.tensor([0.0, 0.5, -1.0, 0.0])
+    classifier_weight, classifier_bias = torch.tensor([[1.0, -1.0], [0.5, 2.0], [-2.0, 0.0]]), torch.tensor([0.1, 0.0, -0.1])
+    with torch.no_grad():
+        model.featurizer.head.weight.copy_(representation_weight)
+        model.featurizer.head.bias.copy_(representation_bias)
+        model.classifier.weight.copy_(classifier_weight)
+        model.classifier.bias.copy_(classifier_bias)
+    x = torch.tensor([[1.0, 2.0], [-0.5, 0.5]])
+    calls = []
+    model.classifier.register_forward_hook(lambda *_: calls.append(1))
+    torch.manual_seed(3)
+    log_probabilities = model(x)
+    assert len(calls) == 20  # one classification per sample of z
+
+    out = x @ representation_weight.T + representation_bias
+    mean, std = out[:, :2], torch.log1p(torch.exp(out[:, 2:]))
+    torch.manual_seed(3)
+    draws = [torch.randn(2, 2) for _ in range(20)]
+    expected = sum(torch.softmax((mean + std * draw) @ classifier_weight.T + classifier_bias, dim=1) for draw in draws) / 20
+    assert torch.allclose(log_probabilities, expected.log(), atol=1e-6)
+    one_draw = torch.softmax((mean + std * draws[0]) @ classifier_weight.T + classifier_bias, dim=1)
+    assert not torch.allclose(log_probabilities, one_draw.log(), atol=1e-3)
+    assert torch.allclose(log_probabilities.exp().sum(dim=1), torch.ones(2), atol=1e-6)
 
 
 def test_a_failing_round_leaves_the_client_state_as_it_was(monkeypatch):
