@@ -118,6 +118,12 @@ class Affine(nn.Module):
 
 
 def test_a_linear_probe_run_says_it_reads_target_labels(tmp_path):
+    """The summary and the log say the run's scores are linear-probe accuracies that read target
+    labels, and the ood score is what a probe trained on 10% of the target's labels gives on the
+    rest for the run's final model (recomputed here from the checkpoint), a whole number of the
+    test share's samples."""
+    from fedbed.experiment import restore_run
+
     config = ExperimentConfig(model="lenet", rounds=1, local_steps=2, batch_size=16, run_dir=tmp_path,
                               evaluation_protocol="linear_probe", linear_probe={"epochs": 5})
     summary = quiet(config)
@@ -125,7 +131,16 @@ def test_a_linear_probe_run_says_it_reads_target_labels(tmp_path):
     assert statement["protocol"] == "linear_probe" and statement["target_labels_read_by_evaluation"] is True
     assert "target labels" in statement["note"] and statement["linear_probe"]["labelled_fraction"] == 0.1
     assert json.loads((tmp_path / "rounds.jsonl").read_text())["evaluation"]["metric"] == "linear_probe_accuracy"
-    assert 0.0 <= summary["selection"]["last"]["ood_mean"] <= 100.0
+    restored = restore_run(tmp_path)
+    built = restored.built
+    target = built.data(built.ood_indices)
+    probe = LinearProbe(epochs=5)
+    assert built.probe == probe
+    expected = probe.accuracy(restored.global_model, target, built.dataset.num_classes, seed=0, domain=0)
+    assert summary["selection"]["last"]["ood"] == {"0": pytest.approx(expected)}
+    test_share = len(target) - math.ceil(0.1 * len(target))
+    correct = expected * test_share / 100
+    assert correct == pytest.approx(round(correct), abs=1e-3)  # the share correct, up to float32 rounding
     argmax = quiet(ExperimentConfig(model="lenet", rounds=1, local_steps=2, batch_size=16, run_dir=tmp_path / "argmax"))
     assert argmax["evaluation"]["target_labels_read_by_evaluation"] is False
 

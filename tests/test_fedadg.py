@@ -112,6 +112,8 @@ def test_discriminator_and_projection_never_leave_the_client_and_the_projection_
     states = federation.clients.states  # round 2's states (the resumption reloaded them from the checkpoint)
     model_keys = set(federation.strategy.global_model().state_dict())
     assert any(key.startswith("generator.") for key in model_keys)  # G travels with F and C
+    # Both rounds were recorded, each with a reply from every client: the checks below saw them all.
+    assert len(seen) == 2 and all(sorted(replies) == list(range(len(states))) == sorted(payloads) for payloads, replies in seen)
     for payloads, replies in seen:
         for client, reply in replies.items():
             assert set(reply.arrays) == set(payloads[client].arrays) == model_keys

@@ -161,12 +161,33 @@ def test_fedgala_logs_discard_ratios_and_weights_and_its_switches_work(tmp_path)
     assert "discard_ratio" in reweighted[1]["metrics"]
 
 
-def test_global_alignment_works_with_supervised_clients(tmp_path):
+def test_global_alignment_works_with_supervised_clients(tmp_path, monkeypatch):
+    """``fedavg_global_alignment`` runs FedAvg's supervised clients under FedGaLA's server: the
+    logged FedAvg weights are n_k/n of the clients' sizes, and the weights it aggregates with are
+    three iterations of global alignment from them (Algorithm 1, lines 6-10) on the round's
+    updates, which differ from the FedAvg weights."""
+    from fedbed.build import build_run
+
+    seen = []
+    original = GlobalAlignmentStrategy.aggregate_updates
+
+    def recording(self, updates, weights, generator):
+        seen.append((updates.clone(), weights.clone()))
+        return original(self, updates, weights, generator)
+
+    monkeypatch.setattr(GlobalAlignmentStrategy, "aggregate_updates", recording)
     config = ExperimentConfig(algorithm="fedavg_global_alignment", model="lenet", rounds=1, local_steps=2, batch_size=16,
                               run_dir=tmp_path)
     summary = run_experiment(config, progress=False, echo=lambda *_: None)
     telemetry = json.loads((tmp_path / "rounds.jsonl").read_text())["telemetry"]
     assert sum(telemetry["weights"]) == pytest.approx(1.0) and len(telemetry["weights"]) == 5
+    sizes = [len(partition.indices) for partition in build_run(config).partitions]
+    assert telemetry["fedavg_weights"] == pytest.approx([n / sum(sizes) for n in sizes])
+    (updates, weights), = seen
+    assert weights.tolist() == pytest.approx(telemetry["fedavg_weights"])
+    _, aligned = global_gradient_alignment(updates, weights, iterations=3)
+    assert telemetry["weights"] == pytest.approx(aligned.tolist())
+    assert max(abs(a - b) for a, b in zip(telemetry["weights"], telemetry["fedavg_weights"])) > 1e-6
     assert summary["evaluation"]["protocol"] == "argmax"
 
 
