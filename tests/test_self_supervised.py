@@ -60,6 +60,54 @@ def fit(trainer, arrays, data, state, round_number=1, seed=5):
     return trainer.fit(payload, data, state)
 
 
+def assert_equal_states(first, second, where="state"):
+    """Two client states hold the same keys and equal values, tensors bit for bit, at every depth."""
+    assert type(first) is type(second), where
+    if isinstance(first, dict):
+        assert first.keys() == second.keys(), where
+        for key in first:
+            assert_equal_states(first[key], second[key], f"{where}[{key!r}]")
+    elif isinstance(first, (list, tuple)):
+        assert len(first) == len(second), where
+        for index, (a, b) in enumerate(zip(first, second)):
+            assert_equal_states(a, b, f"{where}[{index}]")
+    elif isinstance(first, torch.Tensor):
+        assert first.dtype == second.dtype and torch.equal(first, second), where
+    elif isinstance(first, float) and math.isnan(first):
+        assert math.isnan(second), where
+    else:
+        assert first == second, where
+
+
+def model_name(online_name: str) -> str:
+    """The model's name of a parameter of ``online_network()`` (``0.`` featurizer, ``1.`` projector),
+    the names a target or key network kept on the client also uses."""
+    index, _, rest = online_name.partition(".")
+    return {"0": "featurizer.", "1": "projector."}[index] + rest
+
+
+def record_online_parameters(trainer) -> list[dict[str, torch.Tensor]]:
+    """Make ``trainer`` record the online network's parameters (named as in ``online_network()``)
+    after every optimiser step, just before the objective's moving average."""
+    snapshots: list[dict[str, torch.Tensor]] = []
+    after_step = trainer.objective.after_step
+
+    def recording(model, modules):
+        snapshots.append({name: p.detach().clone() for name, p in model.online_network().named_parameters()})
+        after_step(model, modules)
+
+    trainer.objective.after_step = recording
+    return snapshots
+
+
+def moving_average_by_hand(start: dict[str, torch.Tensor], snapshots: list[dict[str, torch.Tensor]], decay: float) -> dict:
+    """ξ ← decay·ξ + (1 − decay)·θ_s for the online parameters θ_s after each step s, from ξ = ``start``."""
+    average = {name: tensor.double() for name, tensor in start.items()}
+    for online in snapshots:
+        average = {name: decay * average[name] + (1 - decay) * online[name].double() for name in average}
+    return average
+
+
 def test_nt_xent_on_a_four_sample_hand_computed_case():
     # z0 = (1, 0), z1 = (0, 1) are the first views, z2 = (1, 0), z3 = (-1, 0) the second; τ = 1.
     # Anchor 0: positive z2 (s = 1), others z1 (0), z3 (-1): -log(e / (1 + e + 1/e)); anchor 2 alike.
@@ -105,7 +153,7 @@ def test_training_never_reads_labels(name):
     assert a.metrics == b.metrics
     assert all(torch.equal(a.arrays[k], b.arrays[k]) for k in a.arrays)
     assert any(not torch.equal(a.arrays[k], arrays[k]) for k in a.arrays)  # it did train
-    assert repr(sorted(state_a)) == repr(sorted(state_b))
+    assert_equal_states(state_a, state_b)
 
 
 @pytest.mark.parametrize("name, local", [("fedbyol", {"predictor", "target_network"}), ("fedsimsiam", {"predictor"}),
@@ -127,15 +175,46 @@ def test_replies_carry_only_the_averaged_parts(name, local):
 
 
 def test_the_moco_queue_and_momentum_encoder_stay_on_the_client():
+    """MoCo's queue wraps on the client, and after two steps its key encoder is the moving average
+    ξ₂ = 0.99 (0.99 θ₀ + 0.01 θ₁) + 0.01 θ₂ of the online encoder after each step (θ₀: the model
+    the server sent), computed by hand from the recorded online parameters."""
     trainer, model = trainer_and_model("fedmoco", steps=2)
+    assert trainer.objective.key_momentum == 0.99
+    snapshots = record_online_parameters(trainer)
     state: dict = {}
-    reply = fit(trainer, model.state_dict(), client_data(), state)
+    sent = model.state_dict()
+    reply = fit(trainer, sent, client_data(), state)
     # 2 steps of 8 images = 2 x 16 keys into a queue of 24: the position wraps to 32 mod 24 = 8.
     assert int(state["buffers"]["queue_position"]) == 8 and state["buffers"]["queue"].shape == (24, 8)
     assert torch.allclose(state["buffers"]["queue"].norm(dim=1), torch.ones(24))
+    assert len(snapshots) == 2 and all(torch.equal(snapshots[1][k], reply.arrays[model_name(k)]) for k in snapshots[1])
     key = state["modules"]["key_network"]
-    # momentum 0.99: the key encoder moved towards the online network but is not equal to it
-    assert not torch.equal(key["1.3.weight"], reply.arrays["projector.3.weight"])
+    expected = moving_average_by_hand({name: sent[model_name(name)] for name in snapshots[0]}, snapshots, 0.99)
+    for name, tensor in expected.items():
+        assert torch.allclose(key[name].double(), tensor, rtol=1e-6, atol=1e-7), name
+    assert not torch.equal(key["1.3.weight"], reply.arrays["projector.3.weight"])  # 0.99: not the online encoder
+
+
+@pytest.mark.parametrize("name, module, decay", [("fedbyol", "target_network", "target_decay"),
+                                                 ("fedmoco", "key_network", "key_momentum")])
+def test_the_target_and_key_encoders_are_moving_averages_after_one_step(name, module, decay):
+    """BYOL's target network and MoCo's key encoder after one step: ξ = decay·θ₀ + (1 − decay)·θ₁
+    for each parameter, θ₀ the online network the server sent (the encoder's copy at the client's
+    first round) and θ₁ the online network after the step (the reply), decay 0.99."""
+    trainer, model = trainer_and_model(name, steps=1)
+    decay_value = getattr(trainer.objective, decay)
+    assert decay_value == 0.99
+    state: dict = {}
+    sent = model.state_dict()
+    reply = fit(trainer, sent, client_data(), state)
+    average = state["modules"][module]
+    moved = 0.0
+    for name, _ in model.online_network().named_parameters():
+        before, after = sent[model_name(name)].double(), reply.arrays[model_name(name)].double()
+        moved = max(moved, float((after - before).abs().max()))
+        expected = decay_value * before + (1 - decay_value) * after
+        assert torch.allclose(average[name].double(), expected, rtol=1e-6, atol=1e-7), name
+    assert moved > 1e-3  # the step moved the online network: an average that stayed put would differ by 1e-5 or more
 
 
 def test_fedema_moving_average_by_hand():
