@@ -26,8 +26,10 @@ concatenated batch of 2B images, so BatchNorm sees both views, as in SimCLR's gl
   B.9's CIFAR-10 choice, the authors' code).
 - MoCo (He et al. 2020, Eq. 1 and Algorithm 1): InfoNCE of each query against its key from a
   momentum encoder (featurizer + projector) and a queue of past keys, both in the client state.
-  The loss is symmetrised (queries of both views against the keys of the other view, as MoCo's
-  CIFAR demonstration and MoCo v3 do), so no network sees a batch of one. Settings for 32-px
+  The loss is symmetrised and summed, ``L(q1, k2) + L(q2, k1)``, each term a batch mean (queries
+  of each view against the keys of the other view, as MoCo v3's Algorithm 1 and MoCo's CIFAR
+  demonstration write it; their mean would halve every step under SGD), so no network sees a
+  batch of one. Settings for 32-px
   images: queue 4096, projection 128, momentum 0.99, temperature 0.1 (MoCo's CIFAR-10
   demonstration; the ImageNet queue of 65,536 keys of width 2048 would hold 512 MiB per client).
 - BYOL (Grill et al. 2020, Eq. 2): a predictor (same architecture as the projector, App. B.2)
@@ -268,7 +270,9 @@ class MoCoObjective(Objective):
         queries = model.embed(views)
         with torch.no_grad():
             keys = nn.functional.normalize(modules["key_network"](swap_halves(views)), dim=1)
-        loss = queue_contrastive_loss(queries, keys, buffers["queue"].clone(), self.temperature)
+        queue, half = buffers["queue"].clone(), len(views) // 2
+        loss = (queue_contrastive_loss(queries[:half], keys[:half], queue, self.temperature)
+                + queue_contrastive_loss(queries[half:], keys[half:], queue, self.temperature))
         # Enqueue (replacing the oldest keys) after the loss has read the queue.
         keys = keys[-self.queue_size:]
         position = int(buffers["queue_position"])
