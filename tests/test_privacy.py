@@ -11,6 +11,7 @@ from fedbed.algorithms.differential_privacy import DifferentialPrivacy, FixedCli
 from fedbed.algorithms import ALGORITHMS
 from fedbed.algorithms.model_aggregation import ClientModels
 from fedbed.cli import app
+from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.strategy import ClientTrainer
 from fedbed.federation.transport import CLIPPING_NORM, FIT_SECONDS, fit_client
@@ -43,7 +44,15 @@ def test_the_server_mean_of_clipped_updates_gets_noise_of_sigma_c_over_k():
     assert float((state["w"].double() - expected_mean).std()) == pytest.approx(sigma * clipping_norm / 2, rel=0.03)
     assert state["n"].item() == 1  # integer buffers keep the server's value
     assert telemetry["weights"] == {"3": 0.5, "8": 0.5}  # n_k is ignored: each client weighs 1/K
-    assert telemetry["privacy"]["noise_std"] == pytest.approx(0.5) and telemetry["privacy"]["clipped_here"] == [3]
+    # The log keeps what the guarantee covers; per-client norms only behind the debugging switch.
+    assert set(telemetry["privacy"]) == {"noise_std", "epsilon", "delta"} and telemetry["privacy"]["noise_std"] == pytest.approx(0.5)
+    debugging = FixedClippingPrivacy(DifferentialPrivacy(clipping_norm=clipping_norm, noise_multiplier=sigma,
+                                                         log_client_norms=True), 1.0)
+    debug_state, telemetry = debugging.aggregate(
+        ClientModels(current, [3, 8], arrays, [100, 1], 1, torch.Generator().manual_seed(0), frozenset(current)))
+    assert torch.equal(debug_state["w"], state["w"])  # the switch changes the log, not the model
+    assert telemetry["privacy"]["clipped_here"] == [3]
+    assert telemetry["privacy"]["update_norms_before_clipping"] == pytest.approx([size ** 0.5, 0.0])
 
 
 def test_privacy_spent_is_opacus_rdp_accountant_stepped_t_times():
@@ -87,11 +96,24 @@ def test_a_private_run_logs_epsilon_per_round_and_reports_it(clipping, tmp_path)
     assert summary["privacy"]["epsilon"] == pytest.approx(epsilons[-1]) and summary["privacy"]["sample_rate"] == 0.6
     assert summary["privacy"]["epsilon"] == pytest.approx(privacy_spent(1.0, 0.6, 2, 1e-5))
     assert f"privacy: client-level ({epsilons[-1]:.3g}, 1e-05)-differential privacy after 2 rounds" in result.output
-    if clipping == "client":  # every client clipped its own update: the server had nothing left to clip
-        assert all(r["telemetry"]["privacy"]["clipped_here"] == [] for r in records)
+    assert all("clipped_here" not in r["telemetry"]["privacy"] for r in records)  # not logged by default
+    assert "not covered" in summary["privacy"]["note"] and "DEBUG" not in summary["privacy"]["note"]
     report = runner.invoke(app, ["report", str(tmp_path / "sweep")])
     assert report.exit_code == 0, report.output
     assert f"privacy (1 run): client-level ({epsilons[-1]:.3g}, 1e-05)" in report.output
+
+
+def test_the_debugging_switch_logs_client_norms_and_the_statement_flags_it(tmp_path):
+    """``log_client_norms: true``: under client-side clipping every client clipped its own update,
+    so the server clipped none; the summary's statement says the norms were logged."""
+    config = ExperimentConfig(model="lenet", rounds=1, local_steps=1, batch_size=16, run_dir=tmp_path / "run",
+                              differential_privacy={"clipping": "client", "clipping_norm": 0.5, "noise_multiplier": 1.0,
+                                                    "log_client_norms": True})
+    summary = run_experiment(config, progress=False, echo=lambda *_: None)
+    record = json.loads((tmp_path / "run" / "rounds.jsonl").read_text().splitlines()[0])
+    assert record["telemetry"]["privacy"]["clipped_here"] == []
+    assert all(norm <= 0.5 * (1 + 1e-6) for norm in record["telemetry"]["privacy"]["update_norms_before_clipping"])
+    assert summary["privacy"]["log_client_norms"] is True and "DEBUG" in summary["privacy"]["note"]
 
 
 def test_fedbed_algorithms_says_which_methods_average():

@@ -11,9 +11,16 @@ Clients weigh equally (weights n_k would let one client move the mean by more th
 - ``clipping: server``: the server clips (it sees each client's update, as the robust rules do);
 - ``clipping: client``: each client clips its own update before it leaves
   (:func:`fedbed.federation.transport.fit_client`, Flower's ``fixedclipping_mod``); the server
-  only sums and adds noise, so the method can run under secure aggregation. The server clips
-  again, which leaves an honest client's clipped update unchanged and bounds a client that did
-  not clip (named in the round's telemetry).
+  only sums and adds noise, so the model arrays can be summed under secure aggregation. The
+  server clips again, which leaves an honest client's clipped update unchanged and bounds a
+  client that did not clip.
+
+What the guarantee covers: the released global models. Each reply also carries ``num_examples``
+and the client's training metrics (its loss, for example) in the clear; neither the (ε, δ)
+statement nor secure aggregation covers them. The round's log keeps only what the statement
+covers (the noise's standard deviation, ε and δ). ``log_client_norms: true`` is a debugging
+switch: it adds every client's update norm before clipping and the clients whose update the
+server clipped, which the guarantee does not cover, and the run's privacy statement says so.
 
 The floating-point arrays of the model (parameters and BatchNorm statistics) are released this
 way; integer buffers (BatchNorm's ``num_batches_tracked``) keep the server's values. The
@@ -49,6 +56,9 @@ class DifferentialPrivacy(BaseModel):
         clipping_norm: ``C``, the largest L2 norm of a client's update (parameter units).
         noise_multiplier: ``σ``: the noise's standard deviation is ``σ C / K``.
         delta: ``δ`` of the (ε, δ) reported (1e-5 unless set).
+        log_client_norms: ``true`` logs each client's update norm before clipping and the
+            clients clipped by the server in ``rounds.jsonl`` (debugging only: not covered by the
+            guarantee; the statement flags it). Unset or ``false``: not logged.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -57,6 +67,7 @@ class DifferentialPrivacy(BaseModel):
     clipping_norm: float = Field(gt=0)
     noise_multiplier: float = Field(gt=0)
     delta: float = Field(1e-5, gt=0, lt=1)
+    log_client_norms: bool | None = None  # unset keeps existing runs' settings hashes
 
 
 def privacy_spent(noise_multiplier: float, sample_rate: float, rounds: int, delta: float) -> float:
@@ -81,11 +92,14 @@ def privacy_statement(settings: DifferentialPrivacy, sample_rate: float, rounds:
     """What a run's privacy guarantee is after ``rounds`` rounds, for its summary and output:
     the mechanism's settings, ``epsilon``, ``delta`` and a one-line ``note``."""
     epsilon = privacy_spent(settings.noise_multiplier, sample_rate, rounds, settings.delta)
-    return {**settings.model_dump(), "sample_rate": sample_rate, "rounds": rounds, "epsilon": epsilon,
-            "accountant": "opacus RDPAccountant",
-            "note": (f"client-level ({epsilon:.3g}, {settings.delta:g})-differential privacy after {rounds} rounds: "
-                     f"updates clipped to {settings.clipping_norm:g} on the {settings.clipping}, Gaussian noise "
-                     f"multiplier {settings.noise_multiplier:g}, client sample rate {sample_rate:.3g}")}
+    note = (f"client-level ({epsilon:.3g}, {settings.delta:g})-differential privacy after {rounds} rounds: "
+            f"updates clipped to {settings.clipping_norm:g} on the {settings.clipping}, Gaussian noise "
+            f"multiplier {settings.noise_multiplier:g}, client sample rate {sample_rate:.3g}; "
+            f"num_examples and client metrics travel in the clear and are not covered")
+    if settings.log_client_norms:
+        note += "; DEBUG: per-client update norms were logged (log_client_norms), not covered by the guarantee"
+    return {**settings.model_dump(exclude_none=True), "sample_rate": sample_rate, "rounds": rounds, "epsilon": epsilon,
+            "accountant": "opacus RDPAccountant", "note": note}
 
 
 class FixedClippingPrivacy(ModelAggregation):
@@ -107,8 +121,9 @@ class FixedClippingPrivacy(ModelAggregation):
         """The privatised mean (see :meth:`ModelAggregation.aggregate`; ``weights`` are ignored).
 
         Returns:
-            ``(state dict, {"weights": 1/K each, "privacy": {noise_std, update norms before
-            clipping, the clients whose update was clipped here, epsilon and delta so far}})``.
+            ``(state dict, {"weights": 1/K each, "privacy": {noise_std, epsilon and delta so
+            far}})``; with ``log_client_norms``, also the update norms before clipping and the
+            clients whose update was clipped here.
         """
         current, clients, arrays = models.current, models.clients, models.arrays
         clipping_norm = self.settings.clipping_norm
@@ -126,11 +141,14 @@ class FixedClippingPrivacy(ModelAggregation):
             "weights": {str(c): 1.0 / len(clients) for c in clients},
             "privacy": {
                 "noise_std": noise_std,
-                "update_norms_before_clipping": norms.tolist(),
-                "clipped_here": [c for c, norm in zip(clients, norms.tolist()) if norm > clipping_norm * (1 + 1e-6)],
                 "epsilon": privacy_spent(self.settings.noise_multiplier, self.sample_rate, models.round_number,
                                          self.settings.delta),
                 "delta": self.settings.delta,
             },
         }
+        if self.settings.log_client_norms:  # debugging only: outside the guarantee (module docstring)
+            telemetry["privacy"].update({
+                "update_norms_before_clipping": norms.tolist(),
+                "clipped_here": [c for c, norm in zip(clients, norms.tolist()) if norm > clipping_norm * (1 + 1e-6)],
+            })
         return state, telemetry
