@@ -137,6 +137,39 @@ def test_moco_and_siamese_losses_by_hand():
     assert negative_cosine(predictions, targets).item() == pytest.approx((1 - 1 / math.sqrt(2)) / 2)
 
 
+def test_moco_sums_its_two_directions():
+    """MoCo's symmetrised loss is L(q1, k2) + L(q2, k1), each a batch mean (MoCo v3, Algorithm 1;
+    MoCo's CIFAR demonstration): twice the mean over the 2B queries, read from the queue as it was
+    before this batch's keys were enqueued."""
+    from fedbed.algorithms.self_supervised import MoCoObjective, swap_halves
+
+    class Toy(nn.Module):
+        projection_dim = 3
+
+        def __init__(self):
+            super().__init__()
+            self.featurizer, self.projector = nn.Flatten(), nn.Linear(4, 3)
+
+        def online_network(self):
+            return nn.Sequential(self.featurizer, self.projector)
+
+        def embed(self, images):
+            return self.projector(self.featurizer(images))
+
+    torch.manual_seed(0)
+    model, objective = Toy(), MoCoObjective(temperature=0.2, queue_size=8)
+    modules, buffers = objective.local_modules(model), objective.initial_buffers(model)
+    queue = buffers["queue"].clone()
+    views = torch.randn(4, 1, 2, 2)  # B = 2 images, two views each
+    loss = objective.loss(model, views, modules, buffers)
+    queries = model.embed(views)
+    keys = nn.functional.normalize(modules["key_network"](swap_halves(views)), dim=1)
+    each = [queue_contrastive_loss(queries[rows], keys[rows], queue, 0.2) for rows in (slice(0, 2), slice(2, 4))]
+    assert loss.item() == pytest.approx((each[0] + each[1]).item(), rel=1e-6)
+    assert loss.item() == pytest.approx(2 * queue_contrastive_loss(queries, keys, queue, 0.2).item(), rel=1e-6)
+    assert not torch.equal(buffers["queue"], queue)  # this batch's keys were enqueued after
+
+
 @pytest.mark.parametrize("name", SSL_METHODS)
 def test_training_never_reads_labels(name):
     """The same client trained on its labels and on shifted labels gives bit-identical models
