@@ -4,9 +4,13 @@ FedAvg with 3 clients (RotatedMNIST domains 15, 30, 45 of the embedded MNIST sam
 MNIST CNN), 1 local epoch per round, 3 rounds, evaluation off. The plain loop performs the same
 optimiser steps on the same batches (same seeds) with the same model and a fresh Adam per
 client and round, and averages the client weights with one line of torch. Each side is timed
-``--repeats`` times, alternating; the medians are compared. Prints the ratio last (goal <= 1.05).
+``--repeats`` times, alternating; the medians are compared. Prints the largest difference between
+the two final global models (the check that both did the same work: float rounding of the average
+after one round, about 1e-7; in later rounds Adam's first step, about ±lr for every weight however
+small its gradient, magnifies that rounding, up to about 2 × lr), then the ratio last (goal <= 1.05).
+``--smoke``: one round on 64 samples per client, once.
 
-    python benchmarks/engine_overhead.py [--repeats 5]
+    python benchmarks/engine_overhead.py [--repeats 5] [--rounds 3] [--smoke]
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from _common import parse_arguments
 from fedbed.algorithms import AlgorithmContext, TrainingBudget, get_algorithm
 from fedbed.algorithms.local_training import make_optimizer
 from fedbed.data import load_dataset, split_leave_one_domain_out
@@ -29,18 +34,22 @@ from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import ClientInfo
 from fedbed.models import build_model
 
-ROUNDS, SEED, BATCH = 3, 0, 64
+SEED, BATCH = 0, 64
 
 
-def setup():
+def setup(client_samples: int | None):
+    """The three clients' data (the first ``client_samples`` of each domain's training share, all
+    when ``None``) and the model factory."""
     dataset = load_dataset("RotatedMNIST", None)
     split = split_leave_one_domain_out(dataset, ("0",), 0.2, SEED)
-    clients = [ClientData.from_dataset(dataset, split.train[d]) for d in (1, 2, 3)]
+    clients = [ClientData.from_dataset(dataset, split.train[d][:client_samples]) for d in (1, 2, 3)]
     factory = lambda: build_model("mnist_cnn", dataset.input_shape, dataset.num_classes)  # noqa: E731
     return clients, factory
 
 
-def time_engine(clients, factory) -> float:
+def time_engine(clients, factory, rounds: int) -> tuple[float, dict[str, torch.Tensor]]:
+    """Seconds of ``rounds`` rounds of FedAvg through the engine (in-process clients), and the
+    global model's state at the end."""
     algorithm = get_algorithm("fedavg")
     hparams = algorithm.hyperparameters()
     context = AlgorithmContext(factory, TrainingBudget(batch_size=BATCH, local_epochs=1), SEED)
@@ -51,17 +60,20 @@ def time_engine(clients, factory) -> float:
     federation.strategy.initialize(factory(), [ClientInfo(k, len(c), (k,)) for k, c in enumerate(clients)])
     with tempfile.TemporaryDirectory() as run_dir:
         began = time.perf_counter()
-        run_rounds(federation, rounds=ROUNDS, seed=SEED, participation_fraction=1.0, eval_every=0,
+        run_rounds(federation, rounds=rounds, seed=SEED, participation_fraction=1.0, eval_every=0,
                    run_dir=Path(run_dir), progress=False)
-        return time.perf_counter() - began
+        seconds = time.perf_counter() - began
+    return seconds, federation.strategy.global_model().state_dict()
 
 
-def time_plain_loop(clients, factory) -> float:
+def time_plain_loop(clients, factory, rounds: int) -> tuple[float, dict[str, torch.Tensor]]:
+    """Seconds of the same ``rounds`` rounds as a plain PyTorch loop, and its global model's state
+    at the end."""
     hparams = get_algorithm("fedavg").hyperparameters()
     torch.manual_seed(SEED)
     global_model, local = factory(), factory()
     began = time.perf_counter()
-    for round_number in range(1, ROUNDS + 1):
+    for round_number in range(1, rounds + 1):
         states, sizes = [], []
         for client, data in enumerate(clients):
             local.load_state_dict(global_model.state_dict())
@@ -69,8 +81,8 @@ def time_plain_loop(clients, factory) -> float:
             optimizer = make_optimizer(local.parameters(), hparams)
             torch.manual_seed(derive_seed(SEED, round_number, client))
             generator = torch.Generator().manual_seed(derive_seed(SEED, round_number, client))
-            for inputs, targets in data.batches(BATCH, generator):
-                loss = torch.nn.functional.cross_entropy(local(inputs), targets)
+            for batch in data.batches(BATCH, generator):
+                loss = torch.nn.functional.cross_entropy(local(batch.inputs), batch.targets)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
@@ -78,22 +90,30 @@ def time_plain_loop(clients, factory) -> float:
             sizes.append(len(data))
         total = sum(sizes)
         global_model.load_state_dict({k: sum(s[k] * (n / total) for s, n in zip(states, sizes)) for k in states[0]})
-    return time.perf_counter() - began
+    return time.perf_counter() - began, global_model.state_dict()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
-    clients, factory = setup()
-    time_plain_loop(clients, factory)  # warm-up
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--client-samples", type=int, default=None,
+                        help="samples per client (default: all of its domain's training share, 666 or 667)")
+    args = parse_arguments(parser, repeats=1, rounds=1, client_samples=BATCH)
+    clients, factory = setup(args.client_samples)
+    time_plain_loop(clients, factory, args.rounds)  # warm-up
     engine, plain = [], []
     for _ in range(args.repeats):
-        engine.append(time_engine(clients, factory))
-        plain.append(time_plain_loop(clients, factory))
-    print(f"threads: {torch.get_num_threads()}, repeats: {args.repeats}")
+        seconds, engine_model = time_engine(clients, factory, args.rounds)
+        engine.append(seconds)
+        seconds, plain_model = time_plain_loop(clients, factory, args.rounds)
+        plain.append(seconds)
+    print(f"threads: {torch.get_num_threads()}, repeats: {args.repeats}, rounds: {args.rounds}, "
+          f"samples per client: {', '.join(str(len(c)) for c in clients)}")
     print(f"engine median {statistics.median(engine):.3f} s  (all: {', '.join(f'{t:.3f}' for t in engine)})")
     print(f"plain  median {statistics.median(plain):.3f} s  (all: {', '.join(f'{t:.3f}' for t in plain)})")
+    difference = max(float((engine_model[k].double() - plain_model[k].double()).abs().max()) for k in engine_model)
+    print(f"final global models, largest difference engine - plain: {difference:.3g}")
     print(f"ratio engine/plain: {statistics.median(engine) / statistics.median(plain):.3f}")
 
 
