@@ -15,7 +15,9 @@ are compared. FedAvg trains on the method's augmentation and on as many images:
 
 Prints the ratio last.
 
-    python benchmarks/client_cost.py --method mcgdm [--data-root DATA] [--steps 5] [--repeats 3]
+    python benchmarks/client_cost.py --method mcgdm [--data-root DATA] [--steps 5] [--repeats 3] [--smoke]
+
+``--smoke``: one step per unit and one repeat on the embedded RotatedMNIST sample.
 
 ``benchmarks/mcgdm_client_cost.py`` is this script with ``--method mcgdm``.
 """
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from _common import parse_arguments
 from fedbed.algorithms import AlgorithmContext, TrainingBudget, get_algorithm, resolve_hyperparameters
 from fedbed.data import load_dataset
 from fedbed.data.augmentation import Augmentation
@@ -81,7 +84,7 @@ def main(arguments: list[str] | None = None) -> None:
     parser.add_argument("--data-root", type=Path, default=None)
     parser.add_argument("--steps", type=int, default=5, help="batches per unit of the method's schedule (S)")
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(arguments)
+    args = parse_arguments(parser, arguments, smoke="the embedded RotatedMNIST sample", steps=1, repeats=1, data_root=None)
     torch.set_num_threads(1)
     data, model, shape, classes, description = client_data(args.data_root)
     method, units = args.method, UNITS[args.method]

@@ -3,6 +3,8 @@
 ``.npz`` that ``fedbed data prepare`` writes (``fedbed.data.images.load_packed``).
 
     python benchmarks/data_loading_speed.py --folder ../shared/data/pacs-mini --size 32
+
+``--smoke``: one repeat on a tiny synthetic PACS tree (``_common.smoke_data``) instead of ``--folder``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from _common import parse_arguments, smoke_data
 from fedbed.data.images import load_image_folders, load_packed, save_packed
 
 
@@ -34,16 +37,22 @@ def main() -> None:
     parser.add_argument("--folder", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "pacs-mini")
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
-    arguments = parser.parse_args()
+    arguments = parse_arguments(parser, smoke="a tiny synthetic PACS tree instead of --folder", repeats=1, size=32)
     torch.set_num_threads(1)
-    dataset = load_image_folders(arguments.folder, arguments.folder.name, arguments.size)
+    with smoke_data(arguments.smoke, None) as data_root:
+        report(arguments.folder if data_root is None else data_root / "PACS", arguments.size, arguments.repeats)
+
+
+def report(folder: Path, size: int, repeats: int) -> None:
+    """Time reading the folder tree ``folder`` at ``size`` px and its packed copy; print both rates."""
+    dataset = load_image_folders(folder, folder.name, size)
     count = len(dataset)
-    folder_rate = best_rate(lambda: load_image_folders(arguments.folder, "x", arguments.size), count, arguments.repeats)
+    folder_rate = best_rate(lambda: load_image_folders(folder, "x", size), count, repeats)
     with tempfile.TemporaryDirectory() as scratch:
-        packed = Path(scratch) / f"data_{arguments.size}.npz"
+        packed = Path(scratch) / f"data_{size}.npz"
         save_packed(dataset, packed)
-        packed_rate = best_rate(lambda: load_packed(packed, "x"), count, arguments.repeats)
-    print(f"{count} images from {arguments.folder} at {arguments.size}x{arguments.size}, one thread, best of {arguments.repeats}")
+        packed_rate = best_rate(lambda: load_packed(packed, "x"), count, repeats)
+    print(f"{count} images from {folder} at {size}x{size}, one thread, best of {repeats}")
     print(f"folder tree (decode + resize): {folder_rate:,.0f} images/s")
     print(f"packed .npz:                   {packed_rate:,.0f} images/s ({packed_rate / folder_rate:,.0f}x)")
 

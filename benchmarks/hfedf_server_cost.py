@@ -6,7 +6,9 @@ client's φ_i, the vector-Jacobian products, GradAlign, Adam and EMA) and the ro
 without evaluation (``seconds - evaluation_seconds``); also the bytes sent to and
 received from each client per round. Prints the fraction last.
 
-    python benchmarks/hfedf_server_cost.py --data-root ../shared/data [--rounds 3]
+    python benchmarks/hfedf_server_cost.py --data-root ../shared/data [--rounds 3] [--local-epochs 2] [--smoke]
+
+``--smoke``: one round of one local epoch on a tiny synthetic PACS (``_common.smoke_data``).
 """
 
 from __future__ import annotations
@@ -16,20 +18,21 @@ import json
 import tempfile
 from pathlib import Path
 
+from _common import parse_arguments, smoke_data
 from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.run_directory import LOG_NAME
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-root", type=Path, default=None)
+    parser.add_argument("--data-root", type=Path, default=None, help="holds PACS (default: $FEDBED_DATA)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--local-epochs", type=int, default=2)
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as run_dir:
+    args = parse_arguments(parser, smoke="a tiny synthetic PACS", rounds=1, local_epochs=1)
+    with smoke_data(args.smoke, args.data_root) as data_root, tempfile.TemporaryDirectory() as run_dir:
         config = ExperimentConfig(
             dataset="PACS", image_size=32, model="hfedf_cnn", algorithm="hfedf", target="photo",
-            rounds=args.rounds, local_epochs=args.local_epochs, holdout_fraction=0.1, data_root=args.data_root,
+            rounds=args.rounds, local_epochs=args.local_epochs, holdout_fraction=0.1, data_root=data_root,
             eval_every=args.rounds, run_dir=Path(run_dir),
         )
         run_experiment(config, progress=False, echo=lambda *_: None)

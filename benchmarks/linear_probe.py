@@ -20,6 +20,11 @@ the target's mean ± std, then the target features' scale and effective rank.
     python benchmarks/linear_probe.py RUN_OR_SWEEP_DIR [RUN_OR_SWEEP_DIR ...]
         [--encoder trained untrained] [--labelled-fraction 0.1 0.3] [--repeats 5]
         [--standardize-features] [--data-root DATA]
+    python benchmarks/linear_probe.py --smoke
+
+``--smoke``: probes, with one probe seed, the trained and untrained encoders of a run it trains
+first (:data:`SMOKE_RUN`: LeNet on the embedded MNIST sample, one round of two batches, scored by
+a 2-epoch linear probe) in a temporary folder.
 """
 
 from __future__ import annotations
@@ -27,23 +32,29 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 import yaml
 
+from _common import parse_arguments
 from fedbed.config import ConfigError
-from fedbed.experiment import restore_run
+from fedbed.experiment import ExperimentConfig, restore_run, run_experiment
 from fedbed.results import query_runs
 from fedbed.run_directory import CONFIG_NAME, SWEEP_RECORD
 from fedbed.run_result import ResultsError
 
+SMOKE_RUN = {"model": "lenet", "rounds": 1, "local_steps": 2, "batch_size": 16, "evaluation_protocol": "linear_probe",
+             "linear_probe": {"epochs": 2}}
+"""The run a smoke run trains, then probes (``ExperimentConfig`` settings; RotatedMNIST's embedded sample)."""
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folders", type=Path, nargs="+", metavar="RUN_OR_SWEEP_DIR",
+    parser.add_argument("folders", type=Path, nargs="*", metavar="RUN_OR_SWEEP_DIR",
                         help="finished run folders (their config.yaml and checkpoint.pt are read), or sweep folders "
-                             "(their finished runs)")
+                             "(their finished runs); at least one unless --smoke")
     parser.add_argument("--encoder", choices=("trained", "untrained"), nargs="+", default=["trained"],
                         help="the checkpoint's global model (last round), the seeded initial model, or both")
     parser.add_argument("--labelled-fraction", type=float, nargs="+", default=None,
@@ -52,10 +63,23 @@ def main() -> None:
     parser.add_argument("--standardize-features", action="store_true",
                         help="z-score the features with the labelled share's statistics (LinearProbe.standardize_features)")
     parser.add_argument("--data-root", type=Path, default=None, help="the data root the runs read (default: $FEDBED_DATA)")
-    arguments = parser.parse_args()
+    arguments = parse_arguments(parser, smoke="a run it trains first (SMOKE_RUN)", encoder=["trained", "untrained"],
+                                repeats=1, data_root=None)
     torch.set_num_threads(1)
+    if arguments.smoke:
+        with tempfile.TemporaryDirectory(prefix="fedbed-smoke-") as folder:
+            run_experiment(ExperimentConfig(**SMOKE_RUN, run_dir=Path(folder)), progress=False, echo=lambda *_: None)
+            probe_and_print(arguments, [Path(folder)])
+    elif not arguments.folders:
+        parser.error("give at least one RUN_OR_SWEEP_DIR, or --smoke")
+    else:
+        probe_and_print(arguments, arguments.folders)
+
+
+def probe_and_print(arguments: argparse.Namespace, folders: list[Path]) -> None:
+    """Probe the runs of ``folders`` as ``arguments`` say, printing per run and, last, the table."""
     try:
-        runs = runs_to_probe(arguments.folders)
+        runs = runs_to_probe(folders)
     except (ConfigError, ResultsError) as error:
         sys.exit(f"error: {error}")
     fractions = arguments.labelled_fraction or [None]

@@ -2,7 +2,7 @@
 (the double backward of the gradient matching; MCGDM's aim is a ratio of at most 3): this is
 ``benchmarks/client_cost.py --method mcgdm``, whose docstring says what is timed and how.
 
-    python benchmarks/mcgdm_client_cost.py [--data-root DATA] [--steps 5] [--repeats 3]
+    python benchmarks/mcgdm_client_cost.py [--data-root DATA] [--steps 5] [--repeats 3] [--smoke]
 """
 
 from __future__ import annotations

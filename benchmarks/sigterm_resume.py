@@ -21,7 +21,9 @@ Prints one line per failed trial and, last, the passing fraction (goal: 100/100 
 Flower backends keep client state on their sites and do not resume (README, "Running across
 machines"), so the benchmark is in-process only.
 
-    python benchmarks/sigterm_resume.py [--trials 100] [--rounds 6] [--local-steps 4] [--seed 0]
+    python benchmarks/sigterm_resume.py [--trials 100] [--rounds 6] [--local-steps 4] [--seed 0] [--smoke]
+
+``--smoke``: one trial of a run of two rounds of one batch.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import parse_arguments
 from fedbed.run_directory import LOG_NAME, SUMMARY_NAME
 
 VOLATILE = ("seconds", "evaluation_seconds", "fit_seconds")
@@ -125,7 +128,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--local-steps", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    arguments = parser.parse_args()
+    arguments = parse_arguments(parser, trials=1, rounds=2, local_steps=1)
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     draw = random.Random(arguments.seed)
     with tempfile.TemporaryDirectory(prefix="fedbed-sigterm-") as folder:

@@ -3,7 +3,9 @@ image, projector 4096 -> 2048, Adam, local alignment on) with hFedF's client CNN
 CIFAR-style ResNet-18 of FedGaLA App. B.2, on random 32 x 32 RGB images (the speed does not
 depend on their content). One image counts once although both of its views pass the network.
 
-    OMP_NUM_THREADS=1 python benchmarks/ssl_client_speed.py [--steps 3] [--batch-size 128] [--threads 1]
+    OMP_NUM_THREADS=1 python benchmarks/ssl_client_speed.py [--steps 3] [--batch-size 128] [--threads 1] [--smoke]
+
+``--smoke``: one timed step of a batch of 8.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 
 import torch
 
+from _common import parse_arguments
 from fedbed.algorithms import get_algorithm
 from fedbed.algorithms.registry import AlgorithmContext, TrainingBudget
 from fedbed.federation.local_data import ClientData
@@ -48,7 +51,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    args = parse_arguments(parser, steps=1, batch_size=8)
     torch.set_num_threads(args.threads)
     print(f"torch threads: {torch.get_num_threads()}, batch {args.batch_size}, {args.steps} timed steps")
     for model_name in ("hfedf_cnn", "resnet18_cifar"):
