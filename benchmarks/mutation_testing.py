@@ -14,7 +14,7 @@ minutes on two shared cores against four unit-test files, so the default run tak
 ``--modules`` and ``--tests`` bound it (files, and the pytest selection); ``--smoke`` runs a tiny set
 (one small module, one test: under a minute), checking that the tool works.
 
-Install the tool with the project's ``mutation`` extra: ``pip install -e ".[mutation]"``.
+Install the tool with the project's ``mutation`` extra (the ``test`` extra includes it): ``pip install -e ".[mutation]"``.
 
 Usage::
 
