@@ -22,17 +22,17 @@ import time
 from pathlib import Path
 
 import torch
-
 from _common import parse_arguments
+
 from fedbed.algorithms import AlgorithmContext, TrainingBudget, get_algorithm
-from fedbed.algorithms.local_training import make_optimizer
+from fedbed.algorithms.base.local_training import make_optimizer
 from fedbed.data import load_dataset, split_leave_one_domain_out
-from fedbed.seeding import derive_seed
 from fedbed.federation.engine import Federation, run_rounds
-from fedbed.federation.transport import InProcessClients
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import ClientInfo
+from fedbed.federation.transport import InProcessClients
 from fedbed.models import build_model
+from fedbed.seeding import derive_seed
 
 SEED, BATCH = 0, 64
 

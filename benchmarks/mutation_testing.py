@@ -40,7 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-DEFAULT_MODULES = ["algorithms/*.py", "federation/*.py"]
+DEFAULT_MODULES = ["algorithms/*.py", "algorithms/base/*.py", "algorithms/options/*.py", "federation/*.py"]
 """Files to mutate, as globs relative to ``src/fedbed``."""
 
 DEFAULT_TESTS = [
@@ -55,7 +55,7 @@ DEFAULT_TESTS = [
 """The pytest selection: the tests of the methods and of the engine (the CLI, data, report and
 Flower tests are left out; they exercise these folders only through end-to-end runs)."""
 
-SMOKE_MODULES = ["algorithms/fedprox.py"]
+SMOKE_MODULES = ["algorithms/base/local_training.py"]
 SMOKE_TESTS = ["tests/test_algorithms.py", "-k", "fedprox_term_by_hand"]
 """``--smoke``: FedProx's module against its hand-computed proximal term (23 mutants, 8 of them in
 the function that test executes)."""

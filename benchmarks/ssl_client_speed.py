@@ -14,13 +14,13 @@ import argparse
 import time
 
 import torch
-
 from _common import parse_arguments
+
 from fedbed.algorithms import get_algorithm
-from fedbed.algorithms.registry import AlgorithmContext, TrainingBudget
+from fedbed.algorithms.base.registry import AlgorithmContext, TrainingBudget
+from fedbed.federation.arrays import clone_arrays
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import Payload
-from fedbed.gradients import clone_arrays
 from fedbed.models import build_model
 
 

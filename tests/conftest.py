@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -11,12 +10,12 @@ import torch
 from torch import nn
 
 from fedbed.algorithms import get_algorithm
-from fedbed.algorithms.registry import AlgorithmContext, TrainingBudget
+from fedbed.algorithms.base.registry import AlgorithmContext, TrainingBudget
 from fedbed.data import partition_one_client_per_domain, split_leave_one_domain_out
 from fedbed.data.base import DomainDataset
 from fedbed.federation.engine import Federation, client_infos
-from fedbed.federation.transport import InProcessClients
 from fedbed.federation.local_data import ClientData
+from fedbed.federation.transport import InProcessClients
 from fedbed.models.networks import DomainClassifier
 
 # pytest-xdist runs the suite in worker processes (``addopts`` in pyproject.toml). Their torch

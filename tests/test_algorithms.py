@@ -7,15 +7,20 @@ import pytest
 import torch
 from torch import nn
 
-from fedbed.algorithms import ALGORITHMS, AlgorithmError, get_algorithm, resolve_hyperparameters
-from fedbed.algorithms.fedprox import proximal_term
-from fedbed.algorithms.registry import AlgorithmContext, TrainingBudget
+from fedbed.algorithms import (
+    ALGORITHMS,
+    AlgorithmError,
+    get_algorithm,
+    resolve_hyperparameters,
+)
+from fedbed.algorithms.base.local_training import proximal_term
+from fedbed.algorithms.base.registry import AlgorithmContext, TrainingBudget
 from fedbed.build import build_run
 from fedbed.data.catalog import known_datasets
 from fedbed.experiment import ExperimentConfig, run_experiment
+from fedbed.federation.arrays import weighted_average
 from fedbed.federation.messages import ClientInfo, Reply
 from fedbed.federation.transport import InProcessClients
-from fedbed.gradients import weighted_average
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))

@@ -15,7 +15,7 @@ PACKAGE_ROOT = Path(fedbed.__file__).resolve().parent
 LAYERS = [
     {"fedbed.seeding", "fedbed.jsonlog", "fedbed.run_directory"},
     {"fedbed.data", "fedbed.models"},
-    {"fedbed.federation", "fedbed.gradients"},
+    {"fedbed.federation"},
     {"fedbed.algorithms"},
     {"fedbed.config", "fedbed.build", "fedbed.experiment", "fedbed.provenance", "fedbed.run_result"},
     {"fedbed.backends", "fedbed.flower"},

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fedbed.algorithms import ALGORITHMS
+from fedbed.algorithms.base.local_training import SupervisedTrainer
 from fedbed.algorithms.fedavg import FedAvg
-from fedbed.algorithms.local_training import SupervisedTrainer
 from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.federation.engine import EngineError, run_rounds
 from fedbed.federation.evaluation import mean_of_last_evaluations, select_round

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from fedbed.algorithms import ALGORITHMS
-from fedbed.algorithms.fedavg import FedAvg, FedAvgStrategy
+from fedbed.algorithms.base.model_aggregation import FedAvgStrategy
+from fedbed.algorithms.fedavg import FedAvg
 from fedbed.config import ConfigError, config_from_mapping
 from fedbed.data.splits import split_target_for_adaptation
 from fedbed.experiment import ExperimentConfig, run_experiment

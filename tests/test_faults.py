@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from fedbed.algorithms.model_aggregation import ModelAggregation
+from fedbed.algorithms.base.model_aggregation import ModelAggregation
 from fedbed.experiment import ExperimentConfig, build_run, run_experiment
 from fedbed.federation.engine import outlying_updates, run_rounds
 from fedbed.federation.faults import FAULTS, FaultyClientTrainer, corrupt

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from fedbed.algorithms import AlgorithmError, get_algorithm, resolve_hyperparameters
+from fedbed.algorithms.base.registry import AlgorithmContext, TrainingBudget
 from fedbed.algorithms.fedadg import (
     Discriminator,
     FedADGModel,
@@ -21,14 +22,12 @@ from fedbed.algorithms.fedadg import (
     random_projection,
     reference_sample,
 )
-from fedbed.algorithms.registry import AlgorithmContext, TrainingBudget
 from fedbed.data.augmentation import Augmentation
 from fedbed.experiment import ConfigError, ExperimentConfig, run_experiment
 from fedbed.federation.engine import run_rounds
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import ClientInfo, Payload, Reply
 from fedbed.models import DomainClassifier
-
 from tests.conftest import build_federation, run_straight_and_resumed, small_model
 
 QUIET = dict(progress=False, echo=lambda *_: None)

@@ -12,11 +12,16 @@ import torch
 from torch import nn
 
 from fedbed.algorithms import get_algorithm
-from fedbed.algorithms.fedgala import GlobalAlignmentStrategy, LocalAlignment, reference_of
-from fedbed.algorithms.local_training import make_optimizer
+from fedbed.algorithms.base.local_training import make_optimizer
+from fedbed.algorithms.fedgala import (
+    GlobalAlignmentStrategy,
+    LocalAlignment,
+    global_gradient_alignment,
+    reference_of,
+    update_alignment,
+)
 from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.federation.messages import ClientInfo, Reply
-from fedbed.gradients import global_gradient_alignment, update_alignment
 from fedbed.models import DomainClassifier
 
 SMALL = {"projection_hidden_dim": 16, "projection_dim": 8}

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from fedbed.algorithms import get_algorithm
+from fedbed.algorithms.base.registry import AlgorithmContext, TrainingBudget
 from fedbed.algorithms.fedsr import gaussian_kl
-from fedbed.algorithms.registry import AlgorithmContext, TrainingBudget
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import Payload
 from fedbed.models import DomainClassifier, build_model

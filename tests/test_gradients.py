@@ -6,22 +6,26 @@ import pytest
 import torch
 
 from fedbed.algorithms import ALGORITHMS, get_algorithm, resolve_hyperparameters
+from fedbed.algorithms.base.update_aggregation import UpdateAggregationStrategy
 from fedbed.algorithms.fedgala import GlobalAlignmentStrategy
-from fedbed.algorithms.gradient_agreement import AgreementStrategy, FedGMAHyperparameters, FedGMAStrategy, PCGradStrategy
-from fedbed.algorithms.ppdg import PPDGHyperparameters, PPDGStrategy
-from fedbed.algorithms.update_aggregation import UpdateAggregationStrategy
-from fedbed.gradients import (
+from fedbed.algorithms.gradient_agreement import (
+    AgreementStrategy,
+    FedGMAHyperparameters,
+    FedGMAStrategy,
+    PCGradStrategy,
+    gradient_masked_average_mask,
+    pcgrad_project,
+    sign_agreement,
+    unanimous_sign_mask,
+)
+from fedbed.algorithms.hypernetwork import gradalign_weights
+from fedbed.algorithms.ppdg import PPDGHyperparameters, PPDGStrategy, ppdg_align
+from fedbed.federation.alignment import (
     alignment_telemetry,
     conflicting_pairs,
     cosine_matrix,
     cosine_similarities,
-    gradalign_weights,
-    gradient_masked_average_mask,
     mean_pairwise_cosine,
-    pcgrad_project,
-    ppdg_align,
-    sign_agreement,
-    unanimous_sign_mask,
 )
 
 T = lambda *rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731

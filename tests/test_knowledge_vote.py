@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from fedbed.algorithms.knowledge_vote import knowledge_vote
+from fedbed.algorithms.options.knowledge_vote import knowledge_vote
 from fedbed.config import ConfigError
 from fedbed.experiment import ExperimentConfig, run_experiment
 from tests.conftest import corrupt_adaptation_labels

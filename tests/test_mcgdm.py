@@ -12,13 +12,12 @@ from torch import nn
 from torch.func import functional_call
 
 from fedbed.algorithms import get_algorithm, resolve_hyperparameters
-from fedbed.algorithms.local_training import cosine_learning_rate
-from fedbed.algorithms.registry import AlgorithmContext, TrainingBudget
+from fedbed.algorithms.base.local_training import cosine_learning_rate
+from fedbed.algorithms.base.registry import AlgorithmContext, TrainingBudget
 from fedbed.algorithms.mcgdm import MCGDMStrategy, matching_losses, previous_heads_of
 from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.federation.messages import ClientInfo, Reply
 from fedbed.models import DomainClassifier
-
 from tests.conftest import run_straight_and_resumed
 
 

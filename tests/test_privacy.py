@@ -7,15 +7,19 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from fedbed.algorithms.differential_privacy import DifferentialPrivacy, FixedClippingPrivacy, privacy_spent
 from fedbed.algorithms import ALGORITHMS
-from fedbed.algorithms.model_aggregation import ClientModels
+from fedbed.algorithms.base.model_aggregation import ClientModels
+from fedbed.algorithms.options.differential_privacy import (
+    DifferentialPrivacy,
+    FixedClippingPrivacy,
+    privacy_spent,
+)
 from fedbed.cli import app
 from fedbed.experiment import ExperimentConfig, run_experiment
+from fedbed.federation.arrays import clip_to_norm, clip_update
 from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.strategy import ClientTrainer
 from fedbed.federation.transport import CLIPPING_NORM, FIT_SECONDS, fit_client
-from fedbed.gradients import clip_to_norm, clip_update
 
 runner = CliRunner()
 

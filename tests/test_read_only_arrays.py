@@ -7,8 +7,8 @@ import json
 
 import torch
 
+from fedbed.algorithms.base.local_training import SupervisedTrainer
 from fedbed.algorithms.mcgdm import MCGDMStrategy
-from fedbed.algorithms.local_training import SupervisedTrainer
 from fedbed.federation.engine import check_reply, client_updates
 from fedbed.federation.messages import Payload, Reply
 from tests.conftest import build_federation

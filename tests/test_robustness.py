@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from fedbed.algorithms import ALGORITHMS, AlgorithmContext, TrainingBudget
-from fedbed.algorithms.fedavg import FedAvgStrategy
-from fedbed.algorithms.model_aggregation import ClientModels
-from fedbed.algorithms.robust_aggregation import RobustAggregation, check_robust_aggregation
+from fedbed.algorithms.base.model_aggregation import ClientModels, FedAvgStrategy
+from fedbed.algorithms.options.robust_aggregation import (
+    RobustAggregation,
+    check_robust_aggregation,
+)
 from fedbed.config import ConfigError
 from fedbed.experiment import ExperimentConfig, run_experiment
 from tests.conftest import small_model

@@ -13,11 +13,16 @@ import torch
 from torch import nn
 
 from fedbed.algorithms import get_algorithm
-from fedbed.algorithms.registry import AlgorithmContext, TrainingBudget
-from fedbed.algorithms.self_supervised import blend, ema_weight, negative_cosine, nt_xent_loss, queue_contrastive_loss
+from fedbed.algorithms.base.registry import AlgorithmContext, TrainingBudget
+from fedbed.algorithms.base.self_supervised_objectives import (
+    negative_cosine,
+    nt_xent_loss,
+    queue_contrastive_loss,
+)
+from fedbed.algorithms.fedema import blend, ema_weight
+from fedbed.federation.arrays import clone_arrays
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import Payload
-from fedbed.gradients import clone_arrays
 from fedbed.models import ModelError, build_model
 from tests.conftest import make_dataset, run_straight_and_resumed, small_model
 
@@ -141,7 +146,10 @@ def test_moco_sums_its_two_directions():
     """MoCo's symmetrised loss is L(q1, k2) + L(q2, k1), each a batch mean (MoCo v3, Algorithm 1;
     MoCo's CIFAR demonstration): twice the mean over the 2B queries, read from the queue as it was
     before this batch's keys were enqueued."""
-    from fedbed.algorithms.self_supervised import MoCoObjective, swap_halves
+    from fedbed.algorithms.base.self_supervised_objectives import (
+        MoCoObjective,
+        swap_halves,
+    )
 
     class Toy(nn.Module):
         projection_dim = 3
@@ -286,7 +294,7 @@ def test_the_fedema_client_starts_from_its_moving_average():
 
 def test_a_resumed_moco_run_equals_an_uninterrupted_one(tmp_path, monkeypatch):
     """MoCo's momentum encoder and queue live in the client states of the checkpoint."""
-    from fedbed.algorithms.self_supervised import SelfSupervisedTrainer
+    from fedbed.algorithms.base.self_supervised import SelfSupervisedTrainer
 
     settings = dict(algorithm="fedmoco", model="lenet", rounds=3, local_steps=2, batch_size=16, hp=small_hp("fedmoco"),
                     linear_probe={"epochs": 2})

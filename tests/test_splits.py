@@ -9,7 +9,7 @@ from fedbed.data import (
     split_leave_one_domain_out,
 )
 from fedbed.data.splits import DomainSplit
-from fedbed.federation.engine import EngineError, sample_clients
+from fedbed.federation.sampling import sample_clients
 from tests.conftest import make_dataset
 
 
@@ -85,7 +85,7 @@ def test_client_sampling_is_seeded_per_round():
     picks = sample_clients(10, 0.3, seed=0, round_number=5)
     assert len(picks) == 3 and picks == sample_clients(10, 0.3, seed=0, round_number=5)
     assert len({tuple(sample_clients(10, 0.3, seed=0, round_number=r)) for r in range(1, 20)}) > 1
-    with pytest.raises(EngineError, match="participation fraction"):
+    with pytest.raises(ValueError, match="participation fraction"):
         sample_clients(10, 0.0, seed=0, round_number=1)
 
 

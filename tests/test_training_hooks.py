@@ -6,12 +6,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedbed.algorithms.local_training import SupervisedTrainer, run_batches, train_locally
-from fedbed.algorithms.registry import AlgorithmContext, TrainingBudget
+from fedbed.algorithms import get_algorithm
+from fedbed.algorithms.base.local_training import (
+    SupervisedTrainer,
+    run_batches,
+    train_locally,
+)
+from fedbed.algorithms.base.registry import AlgorithmContext, TrainingBudget
 from fedbed.data.augmentation import Augmentation
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import Payload
-from fedbed.algorithms import get_algorithm
 from tests.conftest import make_dataset, small_model
 
 

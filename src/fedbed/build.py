@@ -14,11 +14,14 @@ from typing import Any
 import torch
 
 from fedbed.algorithms import AlgorithmContext, TrainingBudget
-from fedbed.algorithms.differential_privacy import FixedClippingPrivacy
-from fedbed.algorithms.fedavg import FedAvgStrategy
-from fedbed.algorithms.knowledge_vote import KnowledgeVoteAdaptation
-from fedbed.algorithms.model_aggregation import ModelAggregation
-from fedbed.algorithms.robust_aggregation import DEFAULT_BYZANTINE_CLIENTS, DEFAULT_TRIMMED_FRACTION, RobustAggregation
+from fedbed.algorithms.base.model_aggregation import FedAvgStrategy, ModelAggregation
+from fedbed.algorithms.options.differential_privacy import FixedClippingPrivacy
+from fedbed.algorithms.options.knowledge_vote import KnowledgeVoteAdaptation
+from fedbed.algorithms.options.robust_aggregation import (
+    DEFAULT_BYZANTINE_CLIENTS,
+    DEFAULT_TRIMMED_FRACTION,
+    RobustAggregation,
+)
 from fedbed.config import ConfigError, ExperimentConfig, number_of_clients, validate
 from fedbed.data import (
     DataError,
@@ -34,10 +37,15 @@ from fedbed.data import (
 from fedbed.data.augmentation import Augmentation
 from fedbed.data.base import DatasetSpec
 from fedbed.federation.client_evaluation import ClientEvaluator, holdout_shares
-from fedbed.federation.engine import DEFAULT_UPDATE_NORM_FACTOR, Federation, client_infos, clients_per_round
+from fedbed.federation.engine import (
+    DEFAULT_UPDATE_NORM_FACTOR,
+    Federation,
+    client_infos,
+)
 from fedbed.federation.faults import FaultyClientTrainer
 from fedbed.federation.linear_probe import LinearProbe
 from fedbed.federation.local_data import ClientData
+from fedbed.federation.sampling import clients_per_round
 from fedbed.federation.transport import ClientTransport
 from fedbed.models import FIXED_INPUT_SIZES, ModelError, build_model
 from fedbed.seeding import derive_seed
@@ -191,7 +199,7 @@ class BuiltRun:
 
     @property
     def sample_rate(self) -> float:
-        """The share of clients selected each round (:func:`fedbed.federation.engine.clients_per_round` / clients)."""
+        """The share of clients selected each round (:func:`fedbed.federation.sampling.clients_per_round` / clients)."""
         return clients_per_round(len(self.partitions), self.config.participation_fraction) / len(self.partitions)
 
     def model_aggregation(self) -> ModelAggregation | None:

@@ -9,17 +9,29 @@ names up again.
 from __future__ import annotations
 
 import json
-
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from fedbed.algorithms import Algorithm, AlgorithmError, Hyperparameters, get_algorithm, resolve_hyperparameters
-from fedbed.algorithms.differential_privacy import DifferentialPrivacy
-from fedbed.algorithms.robust_aggregation import (
+from fedbed.algorithms import (
+    Algorithm,
+    AlgorithmError,
+    Hyperparameters,
+    get_algorithm,
+    resolve_hyperparameters,
+)
+from fedbed.algorithms.options.differential_privacy import DifferentialPrivacy
+from fedbed.algorithms.options.robust_aggregation import (
     DEFAULT_BYZANTINE_CLIENTS,
     DEFAULT_TRIMMED_FRACTION,
     ROBUST_RULES,
@@ -30,13 +42,12 @@ from fedbed.data.augmentation import AUGMENTATIONS
 from fedbed.data.catalog import DatasetSpec, known_datasets, spread_data_refusal
 from fedbed.data.path_datasets import display_name
 from fedbed.federation.client_evaluation import ID_EVALUATION_SITES
-from fedbed.federation.engine import clients_per_round
+from fedbed.federation.sampling import clients_per_round
 from fedbed.federation.evaluation import EVALUATION_PROTOCOLS
 from fedbed.federation.faults import FAULTS
 from fedbed.federation.linear_probe import LinearProbe
 from fedbed.federation.local_data import INPUT_SCALINGS
 from fedbed.models import MODELS
-
 
 PROTOCOLS = ("domain_generalization", "domain_adaptation")
 """What the target domain gives the run: nothing but its test samples, or also unlabelled images."""
@@ -127,7 +138,7 @@ class ExperimentConfig(BaseModel):
         adaptation_fraction: the adaptation share of the target under ``domain_adaptation``
             (unset: 0.5).
         target_adaptation: ``knowledge_vote`` adds a target model trained on pseudo-labels of the
-            adaptation share to any averaging method (:mod:`fedbed.algorithms.knowledge_vote`);
+            adaptation share to any averaging method (:mod:`fedbed.algorithms.options.knowledge_vote`);
             unset: the server does not use the target images.
         client_timeout: seconds a client's local training may take; a reply that took longer is
             dropped from the round as late (in-process the time is measured after the fit
@@ -136,13 +147,13 @@ class ExperimentConfig(BaseModel):
             median update norm is dropped (unset: 1000, ``fedbed.federation.engine.DEFAULT_UPDATE_NORM_FACTOR``;
             ``.inf`` turns the check off).
         robust_aggregation: ``median``, ``trimmed_mean``, ``krum`` or ``multi_krum`` in place of the
-            weighted average, for methods that average (:mod:`fedbed.algorithms.robust_aggregation`,
+            weighted average, for methods that average (:mod:`fedbed.algorithms.options.robust_aggregation`,
             Flower's functions); unset: the method's average.
         trimmed_fraction: β of ``trimmed_mean``: the share of clients cut at each end (unset: 0.2).
         byzantine_clients: f, the number of Byzantine clients ``krum`` and ``multi_krum`` tolerate
             (unset: 1; needs at least 2f + 3 clients a round).
         differential_privacy: client-level DP for methods that average
-            (:class:`fedbed.algorithms.differential_privacy.DifferentialPrivacy`: ``clipping``
+            (:class:`fedbed.algorithms.options.differential_privacy.DifferentialPrivacy`: ``clipping``
             ``server`` or ``client``, ``clipping_norm``, ``noise_multiplier``, ``delta``); the
             (ε, δ) spent is logged per round and in the summary. Unset: none.
         attack: a test and evaluation harness, not a method: the first ``attacking_clients``
@@ -496,7 +507,7 @@ def check_server_options(config: ExperimentConfig, algorithm: Algorithm, clients
         ConfigError: robust aggregation or differential privacy on a method whose server needs
             each client's own update (:attr:`fedbed.algorithms.Algorithm.secure_aggregation_compatible`),
             a robust rule with too few clients a round
-            (:func:`fedbed.algorithms.robust_aggregation.check_robust_aggregation`), or more
+            (:func:`fedbed.algorithms.options.robust_aggregation.check_robust_aggregation`), or more
             attacking clients than clients.
     """
     option = "robust_aggregation" if config.robust_aggregation else "differential_privacy" if config.differential_privacy else None

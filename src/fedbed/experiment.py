@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import torch
 import yaml
 
+from fedbed.algorithms.options.differential_privacy import privacy_statement
 from fedbed.build import BuiltRun, build_run
 from fedbed.config import (
     PLACEMENT_SETTINGS,
@@ -26,14 +27,25 @@ from fedbed.config import (
     load_config_file,
     validate,
 )
-from fedbed.algorithms.differential_privacy import privacy_statement
-from fedbed.federation.engine import EngineError, Federation, fault_summary, load_checkpoint, run_rounds
+from fedbed.federation.engine import (
+    EngineError,
+    Federation,
+    fault_summary,
+    load_checkpoint,
+    run_rounds,
+)
 from fedbed.federation.evaluation import SELECTION_RULES, select_round
 from fedbed.federation.transport import InProcessClients
 from fedbed.jsonlog import to_json
 from fedbed.provenance import read_starts, record_start
+from fedbed.run_directory import (
+    CHECKPOINT_NAME,
+    CONFIG_NAME,
+    FLOWER_LOGS,
+    LOG_NAME,
+    SUMMARY_NAME,
+)
 from fedbed.run_result import RunResult, load_run
-from fedbed.run_directory import CHECKPOINT_NAME, CONFIG_NAME, FLOWER_LOGS, LOG_NAME, SUMMARY_NAME
 
 __all__ = [
     "BuiltRun",
@@ -211,7 +223,7 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, overwrite:
     :attr:`fedbed.data.DomainDataset.fingerprint`; ``faults``: the replies dropped and the rounds
     that kept the previous model, :func:`fedbed.federation.engine.fault_summary`; ``privacy``
     under differential privacy: (ε, δ) after the run's rounds,
-    :func:`fedbed.algorithms.differential_privacy.privacy_statement`).
+    :func:`fedbed.algorithms.options.differential_privacy.privacy_statement`).
 
     Raises:
         ConfigError: invalid settings (also when the config was built in Python), data that

@@ -18,7 +18,13 @@ from typing import Any
 
 from scipy import stats
 
-from fedbed.results import FinishedRun, as_folders, finished_runs, labelled_runs, unfinished_runs
+from fedbed.results import (
+    FinishedRun,
+    as_folders,
+    finished_runs,
+    labelled_runs,
+    unfinished_runs,
+)
 from fedbed.run_directory import SUMMARY_NAME
 
 
@@ -459,7 +465,7 @@ def evaluation_notes(summaries: list[dict[str, Any]]) -> list[str]:
     one line per distinct statement with its number of runs: a table scored by a linear probe,
     which reads target labels, or under domain adaptation says so
     (:meth:`fedbed.build.BuiltRun.evaluation_statement`); runs under differential privacy give
-    their (ε, δ) (:func:`fedbed.algorithms.differential_privacy.privacy_statement`)."""
+    their (ε, δ) (:func:`fedbed.algorithms.options.differential_privacy.privacy_statement`)."""
     counts: dict[str, int] = {}
     for summary in summaries:
         statement = summary.get("evaluation") or {}

@@ -13,7 +13,7 @@ Tables:
   ``<rule>_id`` and ``<rule>_ood`` (``oracle_*`` read the target domain).
 - ``rounds``: one row per logged round — ``run``, ``round``, ``train_loss``, ``id_mean``,
   ``ood_mean`` (null where not evaluated), ``conflicting_pairs`` and ``mean_cosine`` (the mean
-  pairwise cosine of the client updates, :func:`fedbed.gradients.mean_pairwise_cosine`; both null
+  pairwise cosine of the client updates, :func:`fedbed.federation.alignment.mean_pairwise_cosine`; both null
   where the round logged no alignment telemetry).
 """
 
@@ -30,9 +30,15 @@ from typing import Any
 import torch
 import yaml
 
+from fedbed.federation.alignment import mean_pairwise_cosine
 from fedbed.federation.evaluation import SELECTION_RULES
-from fedbed.gradients import mean_pairwise_cosine
-from fedbed.run_directory import CONFIG_NAME, LOG_NAME, STORE_NAME, SUMMARY_NAME, SWEEP_RECORD
+from fedbed.run_directory import (
+    CONFIG_NAME,
+    LOG_NAME,
+    STORE_NAME,
+    SUMMARY_NAME,
+    SWEEP_RECORD,
+)
 from fedbed.run_result import HISTORY_COLUMNS, ResultsError, load_run, read_log
 
 RUN_COLUMNS = ("run", "dataset", "algorithm", "label", "target", "seed", "hp", "done") + tuple(
@@ -236,7 +242,7 @@ def round_rows(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def logged_mean_cosine(alignment: dict[str, Any]) -> float | None:
-    """The mean pairwise cosine (:func:`fedbed.gradients.mean_pairwise_cosine`) of a round's logged
+    """The mean pairwise cosine (:func:`fedbed.federation.alignment.mean_pairwise_cosine`) of a round's logged
     ``alignment`` record; ``None`` without a cosine matrix, for a single client, or where an entry
     is null (a non-finite cosine of a diverged update, see :mod:`fedbed.jsonlog`)."""
     cosine = alignment.get("cosine")

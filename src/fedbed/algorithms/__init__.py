@@ -1,19 +1,30 @@
-"""Federated methods, registered by name. Importing this package registers every method."""
+"""Federated methods, registered by name. Importing this package registers every method.
+
+Layout (``docs/architecture.md``): one file per method here; :mod:`fedbed.algorithms.base` holds
+the seams methods are built on (the registry, the client trainers' and the averaging servers'
+bases, model and update aggregation, the self-supervised machinery); :mod:`fedbed.algorithms.options`
+holds the run options that ``fedbed.build`` wires around any method (robust aggregation,
+differential privacy, knowledge vote).
+"""
 
 from fedbed.algorithms import (  # noqa: F401  (registration)
     fedadg,
     fedavg,
+    fedbyol,
+    fedema,
     fedgala,
+    fedmoco,
     fedprox,
+    fedsimclr,
+    fedsimsiam,
     fedsr,
     gradient_agreement,
     hypernetwork,
     local_only,
     mcgdm,
     ppdg,
-    self_supervised,
 )
-from fedbed.algorithms.registry import (
+from fedbed.algorithms.base.registry import (
     ALGORITHMS,
     Algorithm,
     AlgorithmContext,

@@ -100,8 +100,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from fedbed.algorithms.fedavg import FedAvgStrategy
-from fedbed.algorithms.local_training import (
+from fedbed.algorithms.base.local_training import (
     LocalTrainingHyperparameters,
     SupervisedAlgorithm,
     SupervisedTrainer,
@@ -110,11 +109,12 @@ from fedbed.algorithms.local_training import (
     round_hyperparameters,
     run_batches,
 )
-from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
+from fedbed.algorithms.base.model_aggregation import FedAvgStrategy
+from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
 from fedbed.data.augmentation import AUGMENTATIONS, Augmentation
+from fedbed.federation.arrays import clone_arrays
 from fedbed.federation.local_data import Batch, ClientData
 from fedbed.federation.messages import Payload, Reply, RoundSummary
-from fedbed.gradients import clone_arrays
 from fedbed.models import DomainClassifier
 from fedbed.models.networks import ModelError
 

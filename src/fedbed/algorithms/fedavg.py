@@ -2,77 +2,13 @@
 
 from __future__ import annotations
 
-import copy
-from typing import Any
-
-from torch import nn
-
-from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm
-from fedbed.algorithms.model_aggregation import (
-    MODEL_AGGREGATION_PURPOSE,
-    ClientModels,
-    ModelAggregation,
-    trainable_parameter_names,
+from fedbed.algorithms.base.local_training import (
+    LocalTrainingHyperparameters,
+    SupervisedAlgorithm,
 )
-from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
-from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
+from fedbed.algorithms.base.model_aggregation import FedAvgStrategy
+from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
 from fedbed.federation.strategy import ServerStrategy
-from fedbed.gradients import clone_arrays
-from fedbed.seeding import seeded_generator
-
-
-class FedAvgStrategy(ServerStrategy):
-    """Send every client the global model; replace it by the n_k/n-weighted mean of the replies.
-
-    McMahan et al. 2017, Algorithm 1: ``θ ← Σ_k (n_k / n) θ_k`` over the clients of the round,
-    with ``n = Σ_k n_k``. The average is :attr:`aggregation`'s (FedAvg's by default; the run's
-    robust aggregation or differential privacy replace it for every method built on this
-    strategy); subclasses change :meth:`client_weights` (FedADG's uniform mean) or
-    :meth:`combine` (the update aggregators).
-
-    Attributes:
-        aggregation: the seam of the run's server options (:mod:`fedbed.algorithms.model_aggregation`).
-    """
-
-    def __init__(self, seed: int = 0, aggregation: ModelAggregation | None = None) -> None:
-        self.seed = seed
-        self.aggregation = aggregation or ModelAggregation()
-
-    def initialize(self, model: nn.Module, clients: list[ClientInfo]) -> None:
-        self.model = model
-        self.clients = {c.client_id: c for c in clients}
-
-    def configure_round(self, round_number: int, selected: list[int]) -> dict[int, Payload]:
-        arrays = clone_arrays(self.model.state_dict())
-        return {client: Payload(arrays=arrays, config=self.aggregation.client_config()) for client in selected}
-
-    def client_weights(self, replies: dict[int, Reply], order: list[int]) -> list[float]:
-        """The averaging weight of each client of ``order``: its ``num_examples`` n_k."""
-        return [replies[c].num_examples for c in order]
-
-    def combine(self, round_number: int, replies: dict[int, Reply]) -> tuple[dict, dict[str, Any]]:
-        """The new global state dict and the telemetry of the combination (weights n_k/n)."""
-        order = sorted(replies)
-        generator = seeded_generator(self.seed, round_number, MODEL_AGGREGATION_PURPOSE)
-        return self.aggregation.aggregate(ClientModels(self.model.state_dict(), order, [replies[c].arrays for c in order],
-                                                       self.client_weights(replies, order), round_number, generator,
-                                                       trainable_parameter_names(self.model)))
-
-    def aggregate(self, round_number: int, replies: dict[int, Reply]) -> RoundSummary:
-        new_state, telemetry = self.combine(round_number, replies)
-        self.model.load_state_dict(new_state)
-        losses = [r.metrics["loss"] for r in replies.values() if "loss" in r.metrics]
-        metrics = {"train_loss": sum(losses) / len(losses)} if losses else {}
-        return RoundSummary(metrics=metrics, telemetry=telemetry)
-
-    def global_model(self) -> nn.Module:
-        return self.model
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"model": copy.deepcopy(self.model.state_dict())}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
 
 
 @register_algorithm

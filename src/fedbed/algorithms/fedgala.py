@@ -1,5 +1,5 @@
 """FedGaLA (``fedgala.md``): federated unsupervised domain generalisation by global and local
-alignment of gradients, on the self-supervised clients of :mod:`fedbed.algorithms.self_supervised`.
+alignment of gradients, on the self-supervised clients of :mod:`fedbed.algorithms.base.self_supervised`.
 
 **Local alignment** (Sec. 3.3, Algorithm 1 lines 14-22). The server sends every client, as
 read-only payload arrays ``reference/<parameter>``, the global model's last change
@@ -32,7 +32,7 @@ Readings of the paper, each tested in ``tests/test_fedgala.py``:
   (``discard_ratio``, ``discard_ratio/<parameter>``) and their means over the clients are the
   round summary's metrics of the same names.
 
-**Global alignment** (Algorithm 1 lines 5-13): :func:`fedbed.gradients.global_gradient_alignment`
+**Global alignment** (Algorithm 1 lines 5-13): :func:`global_gradient_alignment`
 on the client updates g_i = Θ_i − Θ^{t−1} over every trainable parameter (the whole model as
 one vector, as the Algorithm writes it; the authors' code runs it per state-dict entry), from
 the FedAvg update, ``iter`` = 3 times; the global model moves by the aggregated update (line 12's
@@ -61,20 +61,25 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm
-from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
-from fedbed.algorithms.self_supervised import (
-    OBJECTIVES,
-    Objective,
+from fedbed.algorithms.base.local_training import (
+    LocalTrainingHyperparameters,
+    SupervisedAlgorithm,
+)
+from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
+from fedbed.algorithms.base.self_supervised import (
     SelfSupervisedAlgorithm,
     SelfSupervisedModel,
     SelfSupervisedTrainer,
-    SimCLRHyperparameters,
     StepHook,
 )
-from fedbed.algorithms.update_aggregation import UpdateAggregationStrategy
+from fedbed.algorithms.base.self_supervised_objectives import (
+    OBJECTIVES,
+    Objective,
+    SimCLRHyperparameters,
+)
+from fedbed.algorithms.base.update_aggregation import UpdateAggregationStrategy
+from fedbed.federation.alignment import cosine_similarities
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
-from fedbed.gradients import global_gradient_alignment, update_alignment
 
 REFERENCE_PREFIX = "reference/"
 """Read-only payload arrays ``reference/<parameter>``: the global model's last change."""
@@ -282,6 +287,74 @@ class FedAvgGlobalAlignment(SupervisedAlgorithm):
 
     def create_strategy(self, hparams: GlobalAlignmentHyperparameters, context: AlgorithmContext) -> GlobalAlignmentStrategy:
         return GlobalAlignmentStrategy(context.seed, True, hparams.alignment_iterations)
+
+
+def global_gradient_alignment(
+    updates: torch.Tensor, weights: torch.Tensor, iterations: int = 3
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FedGaLA's global gradient alignment (``fedgala.md``, Sec. 3.3, Algorithm 1 lines 5-10).
+
+    Starting from the FedAvg update ``ĝ = Σ_k (n_k/n) g_k`` (line 6), ``iterations`` times:
+    ``w_k = (cos(g_k, ĝ) + 1) / 2`` (line 8), ``w_k ← w_k / Σ_j w_j`` (line 9) and
+    ``ĝ = Σ_k w_k g_k`` (line 10). Clients whose update points along the consensus get more
+    weight; a client pointing against it keeps a weight in [0, 1/2] before normalisation (the
+    paper does not drop clients at the server).
+
+    Args:
+        updates: ``[K, P]`` client updates ``g_k = Θ_k − Θ^{t−1}`` (any unit: parameter change).
+        weights: ``[K]`` the FedAvg weights n_k / n of line 6 (non-negative, summing to 1).
+        iterations: ``iter`` of line 7 (the paper's default and Fig. 3a's best: 3); 0 gives
+            FedAvg's update and weights.
+
+    Returns:
+        ``(aggregated update [P], alignment weights [K])``, float64; the weights sum to 1. An
+        all-zero update has cosine 0 with everything (weight 1/2 before normalisation); when
+        every cosine is −1 (impossible for the consensus of the same vectors, but for
+        safety) the weights fall back to the FedAvg weights.
+
+    Raises:
+        ValueError: ``updates`` not ``[K, P]`` with K >= 1, ``weights`` not ``[K]``, or
+            ``iterations < 0``.
+    """
+    if updates.dim() != 2 or updates.shape[0] < 1:
+        raise ValueError(f"updates must be [K, P] with K >= 1, got shape {tuple(updates.shape)}")
+    if weights.shape != (updates.shape[0],):
+        raise ValueError(f"weights must be [K] = [{updates.shape[0]}], got shape {tuple(weights.shape)}")
+    if iterations < 0:
+        raise ValueError(f"the number of alignment iterations must be >= 0, got {iterations}")
+    updates, current = updates.to(torch.float64), weights.to(torch.float64)
+    aggregated = current @ updates
+    for _ in range(iterations):
+        alignment = (cosine_similarities(updates, aggregated[None, :])[:, 0] + 1.0) / 2.0
+        total = float(alignment.sum())
+        current = alignment / total if total > 0 else weights.to(torch.float64)
+        aggregated = current @ updates
+    return aggregated, current
+
+
+def update_alignment(step: torch.Tensor, reference: torch.Tensor) -> float:
+    """Cosine between a parameter tensor's update direction and a reference change of it.
+
+    FedGaLA's local alignment test (``fedgala.md``, Sec. 3.3, Algorithm 1 line 18) compares one
+    layer's batch step with the global model's last change ĝ_est = θ^(t) − θ^(t−1). Both must be
+    parameter changes (a gradient g points uphill; its step is −η·g), which the caller ensures.
+
+    Args:
+        step: the proposed change of one parameter tensor (any shape).
+        reference: the reference change, same number of elements.
+
+    Returns:
+        The cosine in [−1, 1]; ``nan`` when either vector is all zeros (undefined: the caller
+        decides what an undefined cosine means).
+
+    Raises:
+        ValueError: the two have different numbers of elements.
+    """
+    if step.numel() != reference.numel():
+        raise ValueError(f"an update of {step.numel()} elements cannot be compared with a reference of {reference.numel()}")
+    a, b = step.detach().reshape(-1).to(torch.float64), reference.detach().reshape(-1).to(torch.float64)
+    scale = float(a.norm() * b.norm())
+    return float(a @ b) / scale if scale > 0 else float("nan")
 
 
 __all__ = ["FedAvgGlobalAlignment", "FedGaLA", "FedGaLAHyperparameters", "GlobalAlignmentStrategy", "LocalAlignment",

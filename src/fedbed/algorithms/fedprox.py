@@ -8,9 +8,13 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from fedbed.algorithms.base.local_training import (
+    LocalTrainingHyperparameters,
+    SupervisedTrainer,
+    proximal_term,
+)
+from fedbed.algorithms.base.registry import register_algorithm
 from fedbed.algorithms.fedavg import FedAvg
-from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedTrainer
-from fedbed.algorithms.registry import register_algorithm
 from fedbed.federation.local_data import Batch
 from fedbed.federation.messages import Payload
 
@@ -23,21 +27,6 @@ class FedProxHyperparameters(LocalTrainingHyperparameters):
     """
 
     mu: float = Field(0.01, ge=0)
-
-
-def proximal_term(model: nn.Module, anchor: dict[str, torch.Tensor], mu: float) -> torch.Tensor:
-    """FedProx's proximal term ``μ/2 · ||θ − θ_global||²`` (Li et al. 2020, Eq. 2), squared norm.
-
-    Args:
-        model: the local model θ; only its parameters (not buffers) enter the norm.
-        anchor: the global model's state dict θ_global (no gradient flows into it).
-        mu: μ >= 0.
-
-    Returns:
-        A scalar tensor, differentiable with respect to the model's parameters.
-    """
-    squared = sum(((p - anchor[name].detach()) ** 2).sum() for name, p in model.named_parameters())
-    return 0.5 * mu * squared
 
 
 class FedProxTrainer(SupervisedTrainer):

@@ -23,9 +23,13 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedbed.algorithms.fedavg import FedAvgStrategy
-from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm, SupervisedTrainer
-from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
+from fedbed.algorithms.base.local_training import (
+    LocalTrainingHyperparameters,
+    SupervisedAlgorithm,
+    SupervisedTrainer,
+)
+from fedbed.algorithms.base.model_aggregation import FedAvgStrategy
+from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
 from fedbed.federation.local_data import Batch
 from fedbed.federation.messages import Payload
 from fedbed.models import DomainClassifier

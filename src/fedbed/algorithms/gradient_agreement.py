@@ -19,15 +19,21 @@ moves the model on FedAvg's scale and the comparison isolates the combination ru
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from pydantic import Field
 
-from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm
-from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
-from fedbed.algorithms.update_aggregation import UpdateAggregationStrategy
-from fedbed.gradients import gradient_masked_average_mask, pcgrad_project, unanimous_sign_mask, visiting_orders
+from fedbed.algorithms.base.local_training import (
+    LocalTrainingHyperparameters,
+    SupervisedAlgorithm,
+)
+from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
+from fedbed.algorithms.base.update_aggregation import (
+    UpdateAggregationStrategy,
+    visiting_orders,
+)
 
 
 def _mask_summary(mask: torch.Tensor) -> dict[str, float]:
@@ -82,7 +88,7 @@ class AgrRand(AgrSum):
 
 
 class PCGradStrategy(UpdateAggregationStrategy):
-    """Project conflicting updates (:func:`fedbed.gradients.pcgrad_project`), then take the weighted mean."""
+    """Project conflicting updates (:func:`pcgrad_project`), then take the weighted mean."""
 
     def aggregate_updates(
         self, updates: torch.Tensor, weights: torch.Tensor, generator: torch.Generator
@@ -143,3 +149,65 @@ class FedGMA(AgrSum):
 
     def create_strategy(self, hparams: FedGMAHyperparameters, context: AlgorithmContext) -> FedGMAStrategy:
         return FedGMAStrategy(hparams, context.seed)
+
+
+def pcgrad_project(updates: torch.Tensor, orders: Sequence[Sequence[int]]) -> torch.Tensor:
+    """PCGrad's projection (Yu et al., NeurIPS 2020, Algorithm 1) applied to client updates.
+
+    For each ``i`` and each other ``j`` in a random order: if ``g_i^PC · g_j < 0`` then
+    ``g_i^PC ← g_i^PC − (g_i^PC · g_j / ||g_j||²) g_j``, projecting onto the normal plane of the
+    *original* ``g_j``. A zero ``g_j`` never conflicts, so no division by zero happens.
+
+    Args:
+        updates: ``[K, P]``.
+        orders: for each ``i``, the ``j`` in visiting order (:func:`visiting_orders`).
+
+    Returns:
+        ``[K, P]`` projected updates.
+    """
+    original = updates.to(torch.float64)
+    projected = original.clone()
+    squared_norms = (original * original).sum(dim=1)
+    for i, order in enumerate(orders):
+        for j in order:
+            dot = float(projected[i] @ original[j])
+            if dot < 0:
+                projected[i] = projected[i] - (dot / float(squared_norms[j])) * original[j]
+    return projected
+
+
+def sign_agreement(updates: torch.Tensor) -> torch.Tensor:
+    """Per-coordinate sign agreement ``A_j = |(1/K) Σ_k sign(g_kj)|`` in [0, 1] (FedGMA's score).
+
+    Args:
+        updates: ``[K, P]``.
+
+    Returns:
+        ``[P]`` float64; 1 where every client has the same strict sign, 0 where signs cancel.
+    """
+    return torch.sign(updates.to(torch.float64)).mean(dim=0).abs()
+
+
+def unanimous_sign_mask(updates: torch.Tensor) -> torch.Tensor:
+    """Mansilla et al.'s agreement mask: 1 where all K updates share one strict sign, else 0.
+
+    ``m_j = 1[|Σ_k sign(g_kj)| = K]``; a zero coordinate in any update breaks agreement.
+
+    Returns:
+        ``[P]`` float64 of zeros and ones.
+    """
+    count = updates.shape[0]
+    return (torch.sign(updates.to(torch.float64)).sum(dim=0).abs() == count).to(torch.float64)
+
+
+def gradient_masked_average_mask(updates: torch.Tensor, mask_threshold: float) -> torch.Tensor:
+    """FedGMA's soft mask (Tenison et al. 2022): ``M_j = 1`` if ``A_j >= τ`` else ``A_j``.
+
+    ``A`` is :func:`sign_agreement`. Coordinates below the threshold are scaled by their agreement,
+    not zeroed; ``τ = 0`` gives the all-ones mask (FedAvg).
+
+    Returns:
+        ``[P]`` float64 in [0, 1].
+    """
+    agreement = sign_agreement(updates)
+    return torch.where(agreement >= mask_threshold, torch.ones_like(agreement), agreement)

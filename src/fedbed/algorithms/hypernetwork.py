@@ -38,11 +38,14 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm
-from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
+from fedbed.algorithms.base.local_training import (
+    LocalTrainingHyperparameters,
+    SupervisedAlgorithm,
+)
+from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
+from fedbed.federation.alignment import cosine_similarities
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
 from fedbed.federation.strategy import ServerStrategy
-from fedbed.gradients import gradalign_weights
 from fedbed.seeding import seeded_generator
 
 
@@ -325,6 +328,22 @@ class PFedHN(HFedF):
         for dataset in ("OfficeHome", "VLCS")
     }
     dataset_run_settings = HFedF.dataset_run_settings  # hFedF trains every method it compares with so (Sec. 5.1)
+
+
+def gradalign_weights(gradients: torch.Tensor, softmax_sign: str = "positive") -> torch.Tensor:
+    """GradAlign (hFedF Algorithm 3): softmax of each gradient's cosine with the mean gradient.
+
+    Args:
+        gradients: ``[K, P]``, one flattened gradient per client.
+        softmax_sign: ``"positive"`` — ``softmax(γ)`` as Algorithm 3; ``"negative"`` —
+            ``softmax(−γ)`` as the text of Sec. 4.2.
+
+    Returns:
+        ``[K]`` float64 weights summing to 1; a zero gradient (or a zero mean) has cosine 0.
+    """
+    gradients = gradients.to(torch.float64)
+    cosines = cosine_similarities(gradients, gradients.mean(dim=0, keepdim=True))[:, 0]
+    return torch.softmax(cosines if softmax_sign == "positive" else -cosines, dim=0)
 
 
 __all__ = ["HFedF", "HyperNetwork", "HypernetworkStrategy", "PFedHN"]

@@ -7,12 +7,15 @@ from typing import Any
 
 from torch import nn
 
+from fedbed.algorithms.base.local_training import (
+    LocalTrainingHyperparameters,
+    SupervisedAlgorithm,
+)
+from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
 from fedbed.algorithms.fedavg import FedAvg
-from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm
-from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
+from fedbed.federation.arrays import clone_arrays
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
 from fedbed.federation.strategy import ServerStrategy
-from fedbed.gradients import clone_arrays
 
 
 class LocalOnlyStrategy(ServerStrategy):

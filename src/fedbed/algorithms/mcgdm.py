@@ -42,7 +42,7 @@ Readings where the paper leaves a choice (each tested):
 - **Learning rate.** "decayed by the cosine schedule from 0.001 to 0.0001 during training", read
   per round: round t of R trains at lr_min + (lr_max − lr_min)(1 + cos(π (t − 1) / (R − 1))) / 2, so
   round 1 uses 1e-3 and round R 1e-4 (the shared ``client_lr_schedule: cosine`` of
-  :mod:`fedbed.algorithms.local_training`, MCGDM's default, which any supervised method can use:
+  :mod:`fedbed.algorithms.base.local_training`, MCGDM's default, which any supervised method can use:
   Table 4's Baseline is FedAvg with the same schedule); the client reads t and R from the
   engine's payload config, so a resumed run continues the schedule exactly.
 
@@ -79,8 +79,7 @@ from pydantic import Field
 from torch import nn
 from torch.func import functional_call
 
-from fedbed.algorithms.fedavg import FedAvgStrategy
-from fedbed.algorithms.local_training import (
+from fedbed.algorithms.base.local_training import (
     LocalTrainingHyperparameters,
     SupervisedAlgorithm,
     SupervisedTrainer,
@@ -88,11 +87,12 @@ from fedbed.algorithms.local_training import (
     round_hyperparameters,
     train_locally,
 )
-from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
+from fedbed.algorithms.base.model_aggregation import FedAvgStrategy
+from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
 from fedbed.data.augmentation import AUGMENTATIONS, Augmentation
+from fedbed.federation.arrays import clone_arrays
 from fedbed.federation.local_data import Batch, ClientData
 from fedbed.federation.messages import Payload, Reply, RoundSummary
-from fedbed.gradients import clone_arrays
 
 HEAD_PREFIX = "classifier."
 """State-dict prefix of the classifier head C of a :class:`~fedbed.models.DomainClassifier`."""

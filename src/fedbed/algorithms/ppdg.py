@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
 from pydantic import Field, model_validator
 
-from fedbed.algorithms.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm
-from fedbed.algorithms.registry import AlgorithmContext, register_algorithm
-from fedbed.algorithms.update_aggregation import UpdateAggregationStrategy
-from fedbed.gradients import ppdg_align, visiting_plan
+from fedbed.algorithms.base.local_training import (
+    LocalTrainingHyperparameters,
+    SupervisedAlgorithm,
+)
+from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
+from fedbed.algorithms.base.update_aggregation import (
+    UpdateAggregationStrategy,
+    visiting_orders,
+)
 
 PAPER_ALIGNMENT_LAMBDA = {
     "RotatedMNIST": 0.001,  # Sec. 4.4
@@ -106,3 +112,41 @@ class PPDG(SupervisedAlgorithm):
 
     def create_strategy(self, hparams: PPDGHyperparameters, context: AlgorithmContext) -> PPDGStrategy:
         return PPDGStrategy(hparams, context.seed)
+
+
+def visiting_plan(count: int, generator: torch.Generator) -> list[tuple[int, list[int]]]:
+    """The ``i`` in a random order, each with the other indices ``j != i`` in a random order."""
+    outer = torch.randperm(count, generator=generator).tolist()
+    inner = visiting_orders(count, generator)
+    return [(i, inner[i]) for i in outer]
+
+
+def ppdg_align(
+    updates: torch.Tensor,
+    alignment_lambda: float,
+    plan: Sequence[tuple[int, Sequence[int]]],
+    always_align: bool = False,
+) -> torch.Tensor:
+    """PPDG's pairwise gradient alignment (``ppdg-gradient-alignment.txt``, Sec. 3.2, Algorithm 1, Eq. 5).
+
+    For each client ``i`` and each other client ``j``, both in the random order of ``plan``
+    ("in a random order", Sec. 3.2): if ``⟨ĝ_i, ĝ_j⟩ < 0`` then ``ĝ_i ← ĝ_i − 2λ(ĝ_i − ĝ_j)``, where ``ĝ_j`` is the
+    current, possibly already modified, vector, as in Algorithm 1. Only additions,
+    multiplications and comparisons are used (no division: the homomorphic-encryption property
+    of Sec. 3.2), so all-zero updates pass through unchanged.
+
+    Args:
+        updates: ``[K, P]`` client updates.
+        alignment_lambda: λ of Eq. 5.
+        plan: ``(i, [j, ...])`` pairs in visiting order (:func:`visiting_plan`).
+        always_align: align every pair, conflicting or not (the "w/o gradient conflict" ablation, Table 6).
+
+    Returns:
+        ``[K, P]`` aligned updates ĝ (a new tensor).
+    """
+    aligned = updates.to(torch.float64).clone()
+    for i, order in plan:
+        for j in order:
+            if always_align or float(aligned[i] @ aligned[j]) < 0:
+                aligned[i] = aligned[i] - 2.0 * alignment_lambda * (aligned[i] - aligned[j])
+    return aligned

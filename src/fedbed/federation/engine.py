@@ -31,17 +31,22 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from fedbed.seeding import derive_seed, seeded_generator
-from fedbed.federation.client_evaluation import combine_client_statistics, evaluation_payloads
+from fedbed.federation.alignment import alignment_telemetry
+from fedbed.federation.arrays import flatten, floating_keys
+from fedbed.federation.client_evaluation import (
+    combine_client_statistics,
+    evaluation_payloads,
+)
 from fedbed.federation.evaluation import evaluate_models
 from fedbed.federation.linear_probe import LinearProbe
 from fedbed.federation.local_data import ClientData, UnlabeledImages
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
+from fedbed.federation.sampling import sample_clients
 from fedbed.federation.strategy import ServerStrategy, TooFewReplies
 from fedbed.federation.transport import FIT_SECONDS, ClientTransport
-from fedbed.gradients import alignment_telemetry, flatten, floating_keys
 from fedbed.jsonlog import to_json
 from fedbed.run_directory import CHECKPOINT_NAME, LOG_NAME
+from fedbed.seeding import derive_seed
 
 DEFAULT_UPDATE_NORM_FACTOR = 1000.0
 """The engine drops an update whose L2 norm exceeds this many times the (lower) median of the
@@ -117,32 +122,6 @@ def adaptation_log(pseudo_labels: list[int], labels: torch.Tensor | None) -> dic
         accuracy = 100.0 * float((predicted[kept] == labels[kept]).float().mean())
     return {"pseudo_labelled_fraction": float(kept.float().mean()) if len(predicted) else 0.0,
             "pseudo_label_accuracy_reads_target_labels": accuracy}
-
-
-def clients_per_round(num_clients: int, participation_fraction: float) -> int:
-    """How many clients :func:`sample_clients` selects each round: ``max(1, round(fraction * N))``.
-
-    Raises:
-        EngineError: if the fraction lies outside ``(0, 1]``.
-    """
-    if not 0.0 < participation_fraction <= 1.0:
-        raise EngineError(f"participation fraction must lie in (0, 1], got {participation_fraction}")
-    return min(num_clients, max(1, round(participation_fraction * num_clients)))
-
-
-def sample_clients(num_clients: int, participation_fraction: float, seed: int, round_number: int) -> list[int]:
-    """The clients taking part in one round: :func:`clients_per_round` drawn without replacement.
-
-    The draw depends only on ``(seed, round_number)``, so a resumed run samples the same clients.
-
-    Raises:
-        EngineError: if the fraction lies outside ``(0, 1]``.
-    """
-    count = clients_per_round(num_clients, participation_fraction)
-    if count >= num_clients:
-        return list(range(num_clients))
-    chosen = torch.randperm(num_clients, generator=seeded_generator(seed, 15485863, round_number))[:count]
-    return sorted(int(c) for c in chosen)
 
 
 def evaluate_federation(federation: Federation) -> tuple[dict[str, Any], dict[str, str]]:

@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
+from fedbed.federation.arrays import clip_update
 from fedbed.federation.client_evaluation import ClientEvaluator
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.strategy import ClientTrainer
-from fedbed.gradients import clip_update
 
 
 class TransportError(RuntimeError):
@@ -47,7 +47,7 @@ def fit_client(trainer: ClientTrainer, payload: Payload, data: ClientData, state
     global draw of the client reproducible wherever the client runs. The reply's metrics gain
     :data:`FIT_SECONDS`, the wall-clock time of ``fit``; under client-side differential privacy
     (the payload's config holds :data:`CLIPPING_NORM`) the reply's update ``reply − payload`` is
-    clipped to that norm here, on the client (:func:`fedbed.gradients.clip_update`).
+    clipped to that norm here, on the client (:func:`fedbed.federation.arrays.clip_update`).
 
     Raises:
         KeyError: the payload carries no ``batch_seed`` (it did not come from the engine).

@@ -91,7 +91,7 @@ class Algorithm(ABC):
             names the augmentation), so the run's ``augmentation`` setting is refused for it.
         secure_aggregation_compatible: the server needs only the (weighted) sum of the clients'
             models, as FedAvg's, so it could run under secure aggregation; its strategy averages
-            through :class:`fedbed.algorithms.model_aggregation.ModelAggregation`, where the run's
+            through :class:`fedbed.algorithms.base.model_aggregation.ModelAggregation`, where the run's
             ``robust_aggregation`` and ``differential_privacy`` plug in. ``False`` for a method
             whose server needs each client's own update or model (PPDG, AgrSum, PCGrad, FedGMA,
             FedGaLA's global alignment, hFedF's GradAlign, MCGDM's heads, Local-only): both

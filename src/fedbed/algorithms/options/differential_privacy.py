@@ -1,7 +1,7 @@
 """Client-level differential privacy for methods that average: fixed clipping and Gaussian noise.
 
 Each round every client's update ``Δ_k = θ_k − θ`` is clipped to L2 norm ``C``
-(:func:`fedbed.gradients.clip_to_norm`) and the server moves the global model by the mean of the
+(:func:`fedbed.federation.arrays.clip_to_norm`) and the server moves the global model by the mean of the
 K clipped updates plus Gaussian noise of standard deviation ``σ C / K`` per coordinate: the
 Gaussian mechanism on the sum of clipped updates (sensitivity C) divided by K (DP-FedAvg,
 McMahan et al., ICLR 2018; Flower's ``DifferentialPrivacyServerSideFixedClipping`` and
@@ -39,10 +39,10 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedbed.algorithms.model_aggregation import ClientModels, ModelAggregation
+from fedbed.algorithms.base.model_aggregation import ClientModels, ModelAggregation
+from fedbed.federation.arrays import clip_to_norm, flatten, floating_keys, unflatten
 from fedbed.federation.messages import Scalar
 from fedbed.federation.transport import CLIPPING_NORM
-from fedbed.gradients import clip_to_norm, flatten, floating_keys, unflatten
 
 CLIPPING_SITES = ("server", "client")
 """Where the updates are clipped (see the module docstring)."""

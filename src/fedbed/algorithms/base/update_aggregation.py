@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from fedbed.algorithms.fedavg import FedAvgStrategy
+from fedbed.algorithms.base.model_aggregation import FedAvgStrategy
+from fedbed.federation.arrays import flatten, unflatten, weighted_average
 from fedbed.federation.messages import Reply
-from fedbed.gradients import flatten, unflatten, weighted_average
 from fedbed.seeding import seeded_generator
 
 AGGREGATION_PURPOSE = 31
@@ -57,3 +57,8 @@ class UpdateAggregationStrategy(FedAvgStrategy):
         new_state.update(unflatten(start + self.server_learning_rate * aggregated, current, keys))
         telemetry.setdefault("clients", order)
         return new_state, telemetry
+
+
+def visiting_orders(count: int, generator: torch.Generator) -> list[list[int]]:
+    """For each ``i`` in ``0..count-1``, the other indices ``j != i`` in a random order."""
+    return [[j for j in torch.randperm(count, generator=generator).tolist() if j != i] for i in range(count)]

@@ -70,7 +70,6 @@ Every method here scores its representation with the ``linear_probe`` protocol
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -80,15 +79,20 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedbed.algorithms.fedavg import FedAvgStrategy
-from fedbed.algorithms.fedprox import proximal_term
-from fedbed.algorithms.local_training import LocalTrainingHyperparameters, augmentation_seed, round_hyperparameters, train_locally
-from fedbed.algorithms.registry import Algorithm, AlgorithmContext, register_algorithm
+from fedbed.algorithms.base.local_training import (
+    LocalTrainingHyperparameters,
+    augmentation_seed,
+    proximal_term,
+    round_hyperparameters,
+    train_locally,
+)
+from fedbed.algorithms.base.model_aggregation import FedAvgStrategy
+from fedbed.algorithms.base.registry import Algorithm, AlgorithmContext
 from fedbed.data.augmentation import AUGMENTATIONS, Augmentation
+from fedbed.federation.arrays import clone_arrays
 from fedbed.federation.local_data import Batch, ClientData
 from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.strategy import ClientTrainer, ServerStrategy
-from fedbed.gradients import clone_arrays, flatten
 from fedbed.models import DomainClassifier
 
 
@@ -131,68 +135,6 @@ class SelfSupervisedModel(DomainClassifier):
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """The projection ``[B, projection_dim]`` of images ``[B, C, H, W]``."""
         return self.projector(self.featurizer(images))
-
-
-def nt_xent_loss(first: torch.Tensor, second: torch.Tensor, temperature: float) -> torch.Tensor:
-    """SimCLR's NT-Xent loss (Chen et al. 2020, Eq. 1), mean over the 2B anchors.
-
-    With the 2B projections L2-normalised, ``s_ij = z_i·z_j / τ``, anchor i's positive is the other
-    view of its image and ``ℓ_i = −log(exp(s_i,pos) / Σ_{k≠i} exp(s_ik))``.
-
-    Args:
-        first: ``[B, d]`` projections of the first views.
-        second: ``[B, d]`` projections of the second views (row b is the same image as ``first[b]``).
-        temperature: τ > 0.
-
-    Raises:
-        ValueError: shapes that differ or are not ``[B, d]``, or τ <= 0.
-    """
-    if first.dim() != 2 or first.shape != second.shape:
-        raise ValueError(f"NT-Xent needs two [B, d] projections of one shape, got {tuple(first.shape)} and {tuple(second.shape)}")
-    if temperature <= 0:
-        raise ValueError(f"the NT-Xent temperature must be positive, got {temperature}")
-    count = first.shape[0]
-    z = nn.functional.normalize(torch.cat([first, second]), dim=1)
-    logits = (z @ z.T / temperature).masked_fill(torch.eye(2 * count, dtype=torch.bool), float("-inf"))
-    positives = torch.cat([torch.arange(count) + count, torch.arange(count)])
-    return nn.functional.cross_entropy(logits, positives)
-
-
-def queue_contrastive_loss(queries: torch.Tensor, keys: torch.Tensor, queue: torch.Tensor, temperature: float) -> torch.Tensor:
-    """MoCo's InfoNCE (He et al. 2020, Eq. 1): each query against its own key (positive) and the
-    queue's keys (negatives), cross-entropy with the positive as class 0, batch mean.
-
-    Args:
-        queries: ``[N, d]`` (L2-normalised here; gradients flow).
-        keys: ``[N, d]`` (L2-normalised here; no gradient flows).
-        queue: ``[K, d]`` unit-norm keys of earlier batches.
-        temperature: τ > 0.
-    """
-    q = nn.functional.normalize(queries, dim=1)
-    k = nn.functional.normalize(keys.detach(), dim=1)
-    logits = torch.cat([(q * k).sum(dim=1, keepdim=True), q @ queue.detach().T], dim=1) / temperature
-    return nn.functional.cross_entropy(logits, torch.zeros(len(q), dtype=torch.long))
-
-
-def negative_cosine(predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``−cos(p, sg(z))`` averaged over rows (SimSiam Eq. 1 with the stop-gradient of Eq. 3);
-    BYOL's ``‖p̄ − z̄‖² = 2 − 2 cos`` is ``2 + 2·`` this. ``[N, d], [N, d] -> []``."""
-    return -nn.functional.cosine_similarity(predictions, targets.detach(), dim=1).mean()
-
-
-@torch.no_grad()
-def moving_average(average: nn.Module, current: nn.Module, decay: float) -> None:
-    """``ξ ← decay·ξ + (1 − decay)·θ`` for each parameter pair of two modules of one architecture
-    (BYOL's target, MoCo's momentum encoder); buffers are left to the averaged module's own
-    forward passes."""
-    for kept, new in zip(average.parameters(), current.parameters()):
-        kept.mul_(decay).add_(new.detach(), alpha=1.0 - decay)
-
-
-def swap_halves(tensor: torch.Tensor) -> torch.Tensor:
-    """Rows ``[first half; second half] -> [second half; first half]`` (the other view of each row)."""
-    half = tensor.shape[0] // 2
-    return torch.cat([tensor[half:], tensor[:half]])
 
 
 @dataclasses.dataclass
@@ -238,97 +180,6 @@ class Objective(ABC):
         """Called after every optimiser step (moving averages); nothing by default."""
 
 
-@dataclasses.dataclass
-class SimCLRObjective(Objective):
-    """SimCLR (Chen et al. 2020): :func:`nt_xent_loss` of the two views' projections."""
-
-    name: ClassVar[str] = "simclr"
-    temperature: float = 0.5
-
-    def loss(self, model, views, modules, buffers):
-        first, second = model.embed(views).chunk(2)
-        return nt_xent_loss(first, second, self.temperature)
-
-
-@dataclasses.dataclass
-class MoCoObjective(Objective):
-    """MoCo (He et al. 2020), symmetrised, with a momentum encoder and a queue on the client."""
-
-    name: ClassVar[str] = "moco"
-    temperature: float = 0.1
-    queue_size: int = 4096
-    key_momentum: float = 0.99
-
-    def local_modules(self, model):
-        return {"key_network": copy.deepcopy(model.online_network())}
-
-    def initial_buffers(self, model):
-        queue = nn.functional.normalize(torch.randn(self.queue_size, model.projection_dim), dim=1)
-        return {"queue": queue, "queue_position": torch.zeros((), dtype=torch.long)}
-
-    def loss(self, model, views, modules, buffers):
-        queries = model.embed(views)
-        with torch.no_grad():
-            keys = nn.functional.normalize(modules["key_network"](swap_halves(views)), dim=1)
-        queue, half = buffers["queue"].clone(), len(views) // 2
-        loss = (queue_contrastive_loss(queries[:half], keys[:half], queue, self.temperature)
-                + queue_contrastive_loss(queries[half:], keys[half:], queue, self.temperature))
-        # Enqueue (replacing the oldest keys) after the loss has read the queue.
-        keys = keys[-self.queue_size:]
-        position = int(buffers["queue_position"])
-        buffers["queue"][(position + torch.arange(len(keys))) % self.queue_size] = keys
-        buffers["queue_position"].fill_((position + len(keys)) % self.queue_size)
-        return loss
-
-    def after_step(self, model, modules):
-        moving_average(modules["key_network"], model.online_network(), self.key_momentum)
-
-
-@dataclasses.dataclass
-class BYOLObjective(Objective):
-    """BYOL (Grill et al. 2020): predictor on the online projection, EMA target network."""
-
-    name: ClassVar[str] = "byol"
-    trained_modules: ClassVar[tuple[str, ...]] = ("predictor",)
-    target_decay: float = 0.99
-    predictor_hidden_dim: int = 4096
-
-    def local_modules(self, model):
-        modules = {"target_network": copy.deepcopy(model.online_network())}
-        if model.predictor is None:  # FedBYOL: the predictor stays on the client; FedEMA's is the model's
-            modules["predictor"] = projection_head(model.projection_dim, self.predictor_hidden_dim, model.projection_dim)
-        return modules
-
-    def loss(self, model, views, modules, buffers):
-        predictions = modules.get("predictor", model.predictor)(model.embed(views))
-        with torch.no_grad():
-            targets = swap_halves(modules["target_network"](views))
-        return 2.0 * (2.0 + 2.0 * negative_cosine(predictions, targets))
-
-    def after_step(self, model, modules):
-        moving_average(modules["target_network"], model.online_network(), self.target_decay)
-
-
-@dataclasses.dataclass
-class SimSiamObjective(Objective):
-    """SimSiam (Chen and He 2021): predictor, stop-gradient on the other view's projection."""
-
-    name: ClassVar[str] = "simsiam"
-    trained_modules: ClassVar[tuple[str, ...]] = ("predictor",)
-    predictor_hidden_dim: int = 512
-
-    def local_modules(self, model):
-        return {"predictor": projection_head(model.projection_dim, self.predictor_hidden_dim, model.projection_dim)}
-
-    def loss(self, model, views, modules, buffers):
-        projections = model.embed(views)
-        return negative_cosine(modules["predictor"](projections), swap_halves(projections))
-
-
-OBJECTIVES: dict[str, type[Objective]] = {o.name: o for o in (SimCLRObjective, MoCoObjective, BYOLObjective, SimSiamObjective)}
-"""Objective name -> class."""
-
-
 def without_labels(data: ClientData) -> ClientData:
     """``data`` with every label replaced by −1: batches for a trainer that must not read labels
     (a loss that used them would fail on −1 or learn nothing from them)."""
@@ -354,52 +205,6 @@ class SelfSupervisedHyperparameters(LocalTrainingHyperparameters):
     projection_dim: int = Field(2048, gt=0)
     l2_coefficient: float = Field(0.0, ge=0)
     proximal_coefficient: float = Field(0.0, ge=0)
-
-
-class SimCLRHyperparameters(SelfSupervisedHyperparameters):
-    """FedSimCLR: Adam 3e-3 (App. B.3); NT-Xent temperature 0.5 (Chen et al. 2020, App. B.9)."""
-
-    temperature: float = Field(0.5, gt=0)
-
-
-class MomentumSGDHyperparameters(SelfSupervisedHyperparameters):
-    """The baselines' optimiser (App. B.3): SGD, learning rate 0.03, momentum 0.9, weight decay 3e-4."""
-
-    client_optimizer: Literal["adam", "sgd"] = "sgd"
-    client_lr: float = Field(0.03, gt=0)
-    client_momentum: float = Field(0.9, ge=0, lt=1)
-    client_weight_decay: float = Field(3e-4, ge=0)
-
-
-class MoCoHyperparameters(MomentumSGDHyperparameters):
-    """FedMoCo: learning rate 0.025 (App. B.3); queue 4096, projection 128, key momentum 0.99,
-    temperature 0.1 (MoCo's CIFAR-10 setting, module docstring)."""
-
-    client_lr: float = Field(0.025, gt=0)
-    projection_dim: int = Field(128, gt=0)
-    temperature: float = Field(0.1, gt=0)
-    queue_size: int = Field(4096, gt=0)
-    key_momentum: float = Field(0.99, ge=0, lt=1)
-
-
-class BYOLHyperparameters(MomentumSGDHyperparameters):
-    """FedBYOL: target decay 0.99 (FedU, FedEMA), predictor hidden width 4096 (App. B.2)."""
-
-    target_decay: float = Field(0.99, ge=0, lt=1)
-    predictor_hidden_dim: int = Field(4096, gt=0)
-
-
-class SimSiamHyperparameters(MomentumSGDHyperparameters):
-    """FedSimSiam: predictor hidden width 512 (Chen and He 2021, Sec. 3)."""
-
-    predictor_hidden_dim: int = Field(512, gt=0)
-
-
-class FedEMAHyperparameters(BYOLHyperparameters):
-    """FedEMA: BYOL's plus τ, the expected EMA weight μ at the client's first moving average
-    (Zhuang, Wen, Zhang 2022: 0.7)."""
-
-    expected_ema_weight: float = Field(0.7, ge=0, le=1)
 
 
 StepHook = Callable[[torch.optim.Optimizer], None]
@@ -480,64 +285,6 @@ class SelfSupervisedTrainer(ClientTrainer):
         """Keep what the next round needs of this round's trained model (nothing by default)."""
 
 
-def ema_weight(global_arrays: dict[str, torch.Tensor], own_arrays: dict[str, torch.Tensor], parameter_names: list[str],
-               scaler: float | None, expected_weight: float) -> tuple[float, float]:
-    """FedEMA's divergence-aware weight (Zhuang, Wen, Zhang 2022, Sec. 4.2).
-
-    ``μ = min(λ ‖W_g − W_k‖, 1)`` with the divergence over the named parameters; at the client's
-    first moving average ``λ = τ / ‖W_g − W_k‖`` (so μ = τ); a zero divergence gives μ = 0 then
-    (nothing to average) and λ is fixed at the next non-zero divergence.
-
-    Args:
-        global_arrays: the global model W_g (state dict).
-        own_arrays: the client's model of its last round W_k.
-        parameter_names: the names whose flattened difference is the divergence.
-        scaler: λ_k, or ``None`` before it is fixed.
-        expected_weight: τ in [0, 1].
-
-    Returns:
-        ``(μ, λ)`` (λ possibly still ``nan`` when no divergence was seen yet).
-    """
-    divergence = float((flatten(global_arrays, parameter_names) - flatten(own_arrays, parameter_names)).norm())
-    if scaler is None or scaler != scaler:
-        scaler = expected_weight / divergence if divergence > 0 else float("nan")
-    weight = min(scaler * divergence, 1.0) if divergence > 0 else 0.0
-    return weight, scaler
-
-
-def blend(own: dict[str, torch.Tensor], global_arrays: dict[str, torch.Tensor], weight: float) -> dict[str, torch.Tensor]:
-    """``μ·own + (1 − μ)·global`` for floating-point arrays; others (counters) are the global's."""
-    return {name: (weight * own[name] + (1.0 - weight) * tensor).to(tensor.dtype) if tensor.is_floating_point() else tensor
-            for name, tensor in global_arrays.items()}
-
-
-class FedEMATrainer(SelfSupervisedTrainer):
-    """A BYOL client that starts from the divergence-aware moving average of FedEMA."""
-
-    hparams: FedEMAHyperparameters
-
-    def starting_arrays(self, payload: Payload, state: dict[str, Any]) -> dict[str, torch.Tensor]:
-        if "own_model" not in state:
-            state.pop("ema_weight", None)
-            return payload.arrays
-        names = [name for name, _ in self.model.featurizer.named_parameters(prefix="featurizer")]
-        weight, scaler = ema_weight(payload.arrays, state["own_model"], names, state.get("ema_scaler"),
-                                    self.hparams.expected_ema_weight)
-        state["ema_scaler"], state["ema_weight"] = scaler, weight
-        return blend(state["own_model"], payload.arrays, weight)
-
-    def remember(self, state: dict[str, Any], model: SelfSupervisedModel) -> None:
-        state["own_model"] = clone_arrays(model.state_dict())
-
-    def fit(self, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
-        working = dict(state)  # the state changes only when the round succeeds
-        reply = super().fit(payload, data, working)
-        reply.metrics["ema_weight"] = float(working.get("ema_weight", 0.0))
-        state.clear()
-        state.update(working)
-        return reply
-
-
 class SelfSupervisedAlgorithm(Algorithm):
     """A federated self-supervised method: FedAvg over featurizer and projector, clients on
     ``objective``, scored by the linear probe, drawing its own two views."""
@@ -559,66 +306,6 @@ class SelfSupervisedAlgorithm(Algorithm):
 
     def create_trainer(self, hparams: SelfSupervisedHyperparameters, context: AlgorithmContext) -> SelfSupervisedTrainer:
         return self.trainer_class(hparams, context, self.build_objective(hparams))
-
-
-@register_algorithm
-class FedSimCLR(SelfSupervisedAlgorithm):
-    """FedSimCLR (``fedgala.md`` Sec. 4 "Baselines"): SimCLR clients, FedAvg."""
-
-    name = "fedsimclr"
-    summary = ("FedSimCLR (FedGaLA's baseline): SimCLR (Chen et al. 2020), NT-Xent on two views per client, "
-               "FedAvg of encoder + projector.")
-    hyperparameters = SimCLRHyperparameters
-    objective = SimCLRObjective
-
-
-@register_algorithm
-class FedMoCo(SelfSupervisedAlgorithm):
-    """FedMoCo (``fedgala.md`` Sec. 4): MoCo clients (momentum encoder and queue stay local), FedAvg."""
-
-    name = "fedmoco"
-    summary = ("FedMoCo (FedGaLA's baseline): MoCo (He et al. 2020) with a local momentum encoder and queue, "
-               "FedAvg of encoder + projector.")
-    hyperparameters = MoCoHyperparameters
-    objective = MoCoObjective
-
-
-@register_algorithm
-class FedBYOL(SelfSupervisedAlgorithm):
-    """FedBYOL (``fedgala.md`` Sec. 4; Zhuang et al. 2021): predictor and target stay local."""
-
-    name = "fedbyol"
-    summary = ("FedBYOL (FedGaLA's baseline): BYOL (Grill et al. 2020) with a local predictor and target, "
-               "FedAvg of online encoder + projector.")
-    hyperparameters = BYOLHyperparameters
-    objective = BYOLObjective
-
-
-@register_algorithm
-class FedSimSiam(SelfSupervisedAlgorithm):
-    """FedSimSiam (``fedgala.md`` Sec. 4; Zhuang et al. 2021): the predictor stays local."""
-
-    name = "fedsimsiam"
-    summary = ("FedSimSiam (FedGaLA's baseline): SimSiam (Chen and He 2021) with a local predictor, "
-               "FedAvg of encoder + projector.")
-    hyperparameters = SimSiamHyperparameters
-    objective = SimSiamObjective
-
-
-@register_algorithm
-class FedEMA(SelfSupervisedAlgorithm):
-    """FedEMA (Zhuang, Wen, Zhang, ICLR 2022): BYOL clients starting from a divergence-aware EMA."""
-
-    name = "fedema"
-    summary = "FedEMA (Zhuang et al. 2022): BYOL clients start from mu*own + (1-mu)*global, mu = min(lambda*divergence, 1)."
-    hyperparameters = FedEMAHyperparameters
-    objective = BYOLObjective
-    trainer_class = FedEMATrainer
-
-    def wrap_model(self, model: DomainClassifier, hparams: FedEMAHyperparameters) -> SelfSupervisedModel:
-        """The SSL model with the predictor built in, so that it travels (the authors' code averages it)."""
-        return SelfSupervisedModel(model, hparams.projection_hidden_dim, hparams.projection_dim,
-                                   predictor_hidden_dim=hparams.predictor_hidden_dim)
 
 
 __all__ = [

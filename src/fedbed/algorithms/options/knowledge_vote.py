@@ -37,13 +37,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedbed.algorithms.fedavg import FedAvgStrategy
-from fedbed.algorithms.local_training import LocalTrainingHyperparameters, train_locally
-from fedbed.algorithms.registry import TrainingBudget
+from fedbed.algorithms.base.local_training import (
+    LocalTrainingHyperparameters,
+    train_locally,
+)
+from fedbed.algorithms.base.model_aggregation import FedAvgStrategy
+from fedbed.algorithms.base.registry import TrainingBudget
+from fedbed.federation.arrays import weighted_average
 from fedbed.federation.local_data import ClientData, UnlabeledImages
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
 from fedbed.federation.strategy import ServerStrategy
-from fedbed.gradients import weighted_average
 from fedbed.seeding import derive_seed, seeded_generator
 
 ADAPTATION_PURPOSE = 0xADA

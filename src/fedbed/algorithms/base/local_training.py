@@ -11,12 +11,17 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedbed.algorithms.registry import Algorithm, AlgorithmContext, Hyperparameters, TrainingBudget
+from fedbed.algorithms.base.registry import (
+    Algorithm,
+    AlgorithmContext,
+    Hyperparameters,
+    TrainingBudget,
+)
 from fedbed.data.augmentation import Augmentation
+from fedbed.federation.arrays import clone_arrays
 from fedbed.federation.local_data import Batch, ClientData
 from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.strategy import ClientTrainer
-from fedbed.gradients import clone_arrays
 from fedbed.seeding import derive_seed
 
 
@@ -265,3 +270,18 @@ class SupervisedAlgorithm(Algorithm):
 
     def create_trainer(self, hparams: LocalTrainingHyperparameters, context: AlgorithmContext) -> SupervisedTrainer:
         return self.trainer_class(hparams, context)
+
+
+def proximal_term(model: nn.Module, anchor: dict[str, torch.Tensor], mu: float) -> torch.Tensor:
+    """FedProx's proximal term ``μ/2 · ||θ − θ_global||²`` (Li et al. 2020, Eq. 2), squared norm.
+
+    Args:
+        model: the local model θ; only its parameters (not buffers) enter the norm.
+        anchor: the global model's state dict θ_global (no gradient flows into it).
+        mu: μ >= 0.
+
+    Returns:
+        A scalar tensor, differentiable with respect to the model's parameters.
+    """
+    squared = sum(((p - anchor[name].detach()) ** 2).sum() for name, p in model.named_parameters())
+    return 0.5 * mu * squared

@@ -37,7 +37,7 @@ from typing import Any
 import numpy
 import torch
 
-from fedbed.algorithms.model_aggregation import ClientModels, ModelAggregation
+from fedbed.algorithms.base.model_aggregation import ClientModels, ModelAggregation
 from fedbed.federation.strategy import TooFewReplies
 
 ROBUST_RULES = ("median", "trimmed_mean", "krum", "multi_krum")
@@ -125,7 +125,11 @@ class RobustAggregation(ModelAggregation):
         """
         # Imported here, not at the top: an in-process run without robust aggregation must not
         # import Flower (docs/architecture.md; tests/test_architecture.py).
-        from flwr.server.strategy.aggregate import aggregate_krum, aggregate_median, aggregate_trimmed_avg
+        from flwr.server.strategy.aggregate import (
+            aggregate_krum,
+            aggregate_median,
+            aggregate_trimmed_avg,
+        )
 
         current, clients = models.current, models.clients
         try:

@@ -1,0 +1,137 @@
+"""How a FedAvg-family server turns the round's client models into the new global model.
+
+Every method whose server averages the clients' models (FedAvg, FedProx, FedSR, FedADG, the
+self-supervised methods, Central) calls :meth:`ModelAggregation.aggregate` from
+:meth:`fedbed.algorithms.fedavg.FedAvgStrategy.combine`: the one seam where the run's server
+options plug in. The default is FedAvg's weighted average; robust aggregation
+(:mod:`fedbed.algorithms.options.robust_aggregation`) and client-level differential privacy
+(:mod:`fedbed.algorithms.options.differential_privacy`) replace it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedbed.federation.arrays import clone_arrays, weighted_average
+from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary, Scalar
+from fedbed.federation.strategy import ServerStrategy
+from fedbed.seeding import seeded_generator
+
+MODEL_AGGREGATION_PURPOSE = 37
+"""Seed component of a model aggregation's random draws (differential privacy's noise)."""
+
+
+@dataclass(frozen=True)
+class ClientModels:
+    """What a model aggregation combines in one round.
+
+    Attributes:
+        current: the global model's state dict before the round (what every client was sent).
+        clients: the K client ids, ascending.
+        arrays: their K state dicts (same names, shapes and dtypes as ``current``: the engine
+            checked them).
+        weights: K positive weights (n_k for FedAvg, 1 for FedADG's uniform mean).
+        round_number: the round (from 1).
+        generator: seeded from (run seed, round, :data:`MODEL_AGGREGATION_PURPOSE`).
+        parameter_names: the names of ``current`` that are trainable floating-point parameters
+            (:func:`trainable_parameter_names`); the others are buffers (BatchNorm's running
+            statistics, its integer ``num_batches_tracked``), which a rule that ranks or clips
+            client models must not read as if they were weights.
+    """
+
+    current: Mapping[str, torch.Tensor]
+    clients: Sequence[int]
+    arrays: Sequence[Mapping[str, torch.Tensor]]
+    weights: Sequence[float]
+    round_number: int
+    generator: torch.Generator
+    parameter_names: frozenset[str]
+
+
+def trainable_parameter_names(model: torch.nn.Module) -> frozenset[str]:
+    """The state-dict names of ``model``'s floating-point parameters that require gradients."""
+    return frozenset(name for name, parameter in model.named_parameters()
+                     if parameter.requires_grad and parameter.is_floating_point())
+
+
+class ModelAggregation:
+    """FedAvg's aggregation (McMahan et al., AISTATS 2017, Algorithm 1): ``θ ← Σ_k w_k θ_k / Σ_k w_k``.
+
+    Subclasses replace :meth:`aggregate` (and may ask the clients for something through
+    :meth:`client_config`); they keep no state across rounds, so a resumed run needs none:
+    every random draw comes from the round's seeded ``generator``.
+    """
+
+    def client_config(self) -> dict[str, Scalar]:
+        """Scalars every client receives in its payload's config (none for FedAvg)."""
+        return {}
+
+    def aggregate(self, models: ClientModels) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The new global state dict and JSON-serialisable telemetry.
+
+        Returns:
+            ``(state dict, {"weights": {client: w_k / Σ w}, ...})``.
+        """
+        total = float(sum(models.weights))
+        return weighted_average(models.arrays, models.weights), {
+            "weights": {str(c): w / total for c, w in zip(models.clients, models.weights)}}
+
+
+class FedAvgStrategy(ServerStrategy):
+    """Send every client the global model; replace it by the n_k/n-weighted mean of the replies.
+
+    McMahan et al. 2017, Algorithm 1: ``θ ← Σ_k (n_k / n) θ_k`` over the clients of the round,
+    with ``n = Σ_k n_k``. The average is :attr:`aggregation`'s (FedAvg's by default; the run's
+    robust aggregation or differential privacy replace it for every method built on this
+    strategy); subclasses change :meth:`client_weights` (FedADG's uniform mean) or
+    :meth:`combine` (the update aggregators).
+
+    Attributes:
+        aggregation: the seam of the run's server options (:mod:`fedbed.algorithms.base.model_aggregation`).
+    """
+
+    def __init__(self, seed: int = 0, aggregation: ModelAggregation | None = None) -> None:
+        self.seed = seed
+        self.aggregation = aggregation or ModelAggregation()
+
+    def initialize(self, model: nn.Module, clients: list[ClientInfo]) -> None:
+        self.model = model
+        self.clients = {c.client_id: c for c in clients}
+
+    def configure_round(self, round_number: int, selected: list[int]) -> dict[int, Payload]:
+        arrays = clone_arrays(self.model.state_dict())
+        return {client: Payload(arrays=arrays, config=self.aggregation.client_config()) for client in selected}
+
+    def client_weights(self, replies: dict[int, Reply], order: list[int]) -> list[float]:
+        """The averaging weight of each client of ``order``: its ``num_examples`` n_k."""
+        return [replies[c].num_examples for c in order]
+
+    def combine(self, round_number: int, replies: dict[int, Reply]) -> tuple[dict, dict[str, Any]]:
+        """The new global state dict and the telemetry of the combination (weights n_k/n)."""
+        order = sorted(replies)
+        generator = seeded_generator(self.seed, round_number, MODEL_AGGREGATION_PURPOSE)
+        return self.aggregation.aggregate(ClientModels(self.model.state_dict(), order, [replies[c].arrays for c in order],
+                                                       self.client_weights(replies, order), round_number, generator,
+                                                       trainable_parameter_names(self.model)))
+
+    def aggregate(self, round_number: int, replies: dict[int, Reply]) -> RoundSummary:
+        new_state, telemetry = self.combine(round_number, replies)
+        self.model.load_state_dict(new_state)
+        losses = [r.metrics["loss"] for r in replies.values() if "loss" in r.metrics]
+        metrics = {"train_loss": sum(losses) / len(losses)} if losses else {}
+        return RoundSummary(metrics=metrics, telemetry=telemetry)
+
+    def global_model(self) -> nn.Module:
+        return self.model
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": copy.deepcopy(self.model.state_dict())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
