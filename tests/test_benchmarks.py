@@ -80,6 +80,9 @@ SMOKE_RUNS = [
     SmokeRun("main_job.py", rf"^fedbed run \(--rounds 1 --local-steps 2\): {NUMBER} s wall, 1 rounds, "
                             rf"id {NUMBER}%, ood {NUMBER}%"),
     SmokeRun("mutation_testing.py", rf"^mutants: {NUMBER}, run: {NUMBER}, ", requires="mutmut"),
+    # a job made from the embedded sample, stopped after 1 of its 2 rounds, equals its own record
+    SmokeRun("replay_committed_runs.py", rf"^jobs compared: {NUMBER}, failed: {NUMBER}$", exact=(1.0, 0.0),
+             positive=False),
     # its one trial resumes to the uninterrupted run's result
     SmokeRun("sigterm_resume.py", rf"^SIGTERM then --resume, in-process: {NUMBER}/{NUMBER} trials", exact=(1.0, 1.0)),
     SmokeRun("ssl_client_speed.py", rf"^hfedf_cnn: {NUMBER} images/s$", also=(rf"^resnet18_cifar: {NUMBER} images/s$",)),
