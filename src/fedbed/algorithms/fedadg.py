@@ -92,7 +92,6 @@ U[−1, 1] or Laplace(0, 1/√2) per coordinate (Table 8; scale 1/√2, unit var
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any, Literal
 
@@ -104,9 +103,7 @@ from fedbed.algorithms.base.local_training import (
     LocalTrainingHyperparameters,
     SupervisedAlgorithm,
     SupervisedTrainer,
-    augmentation_seed,
     make_optimizer,
-    round_hyperparameters,
     run_batches,
 )
 from fedbed.algorithms.base.model_aggregation import FedAvgStrategy
@@ -114,7 +111,7 @@ from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
 from fedbed.data.augmentation import AUGMENTATIONS, Augmentation
 from fedbed.federation.arrays import clone_arrays
 from fedbed.federation.local_data import Batch, ClientData
-from fedbed.federation.messages import Payload, Reply, RoundSummary
+from fedbed.federation.messages import Payload, Reply
 from fedbed.models import DomainClassifier
 from fedbed.models.networks import ModelError
 
@@ -361,15 +358,15 @@ class FedADGTrainer(SupervisedTrainer):
         if self.hparams.use_random_projection and "projection" not in state:
             state["projection"] = random_projection(self.model.feature_dim, self.projection_dim)
 
-    def fit(self, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
-        # The run's learning-rate schedule (``client_lr_schedule``) sets lr_f this round; lr_g and lr_d stay fixed.
-        hparams, model = round_hyperparameters(self.hparams, payload), self.model
-        model.load_state_dict(payload.arrays)
+    def train_round(self, model: FedADGModel, data: ClientData, hparams: FedADGHyperparameters,
+                    generator: torch.Generator, payload: Payload, state: dict[str, Any]) -> float:
+        """Algorithm 1's ClientUpdate: E0 units of classification (F and C on the task loss), then
+        E1 units of alignment (Steps c5-c8, three optimisers); the adversarial terms' batch means
+        are logged. ``hparams`` carries the run's learning-rate schedule for lr_f; lr_g and lr_d
+        stay fixed."""
         model.train()
-        working = copy.deepcopy(state)  # the state changes only when the round succeeds
-        generator = torch.Generator().manual_seed(int(payload.config["batch_seed"]))
-        options = dict(augmentation=self.augmentation, augmentation_seed=augmentation_seed(payload),
-                       augment_inputs=self.augmentation is not None)
+        working = state
+        options = self.batch_options(payload)
         task_parameters = [*model.featurizer.parameters(), *model.classifier.parameters()]
         task_optimizer = make_optimizer(task_parameters, hparams)
 
@@ -387,7 +384,6 @@ class FedADGTrainer(SupervisedTrainer):
         first_units = hparams.classification_epochs + (0 if aligned else hparams.alignment_epochs)
         total, steps = run_batches(data, self.budget.scaled(first_units), generator, classification_step, **options)
         total *= steps
-        sums = dict.fromkeys(ADVERSARIAL_TERMS, 0.0)
         alignment_steps = 0
         if aligned:
             self.client_networks(working)
@@ -414,7 +410,7 @@ class FedADGTrainer(SupervisedTrainer):
                 discriminator_optimizer.zero_grad(set_to_none=True)
                 term.backward()
                 discriminator_optimizer.step()
-                sums["adversarial_discriminator"] += float(term.detach())
+                self.log_metric("adversarial_discriminator", term)
 
             def alignment_step(batch: Batch) -> float:
                 targets = batch.targets
@@ -433,27 +429,21 @@ class FedADGTrainer(SupervisedTrainer):
                     # Step c6: one mini-batch of noise (or of the fixed reference); Step c7: D.
                     reference = model.reference_features(targets)
                     discriminator_step(features, reference, one_hot)
-                sums["adversarial_feature"] += float(feature_term.detach())
+                self.log_metric("adversarial_feature", feature_term)
                 # Step c8: G on L_adv-g through the updated D.
                 if generator_optimizer is not None:
                     generator_term = generator_loss(discriminator(project(reference), one_hot))
                     generator_optimizer.zero_grad(set_to_none=True)
                     generator_term.backward()
                     generator_optimizer.step()
-                    sums["adversarial_generator"] += float(generator_term.detach())
+                    self.log_metric("adversarial_generator", generator_term)
                 return float(error.detach())
 
             mean, alignment_steps = run_batches(data, self.budget.scaled(hparams.alignment_epochs), generator, alignment_step,
                                                 first_number=steps, **options)
             total += mean * alignment_steps
             working["discriminator"] = clone_arrays(discriminator.state_dict())
-        state.clear()
-        state.update(working)
-        metrics = {"loss": total / max(steps + alignment_steps, 1)}
-        if aligned:
-            metrics.update({term: value / max(alignment_steps, 1) for term, value in sums.items()
-                            if term != "adversarial_generator" or model.reference == "generator"})
-        return Reply(arrays=clone_arrays(model.state_dict()), num_examples=len(data), metrics=metrics)
+        return total / max(steps + alignment_steps, 1)
 
 
 class FedADGStrategy(FedAvgStrategy):
@@ -464,13 +454,6 @@ class FedADGStrategy(FedAvgStrategy):
         """Every client weighs 1 (the uniform mean 1/K of Step s3)."""
         return [1.0] * len(order)
 
-    def aggregate(self, round_number: int, replies: dict[int, Reply]) -> RoundSummary:
-        summary = super().aggregate(round_number, replies)
-        for term in ADVERSARIAL_TERMS:
-            values = [r.metrics[term] for r in replies.values() if term in r.metrics]
-            if values:
-                summary.metrics[f"mean_{term}"] = sum(values) / len(values)
-        return summary
 
 
 PAPER_RUN_SETTINGS = {"batch_size": 16, "holdout_fraction": 0.3}

@@ -33,8 +33,7 @@ from fedbed.algorithms.base.self_supervised_objectives import (
     BYOLObjective,
 )
 from fedbed.federation.arrays import clone_arrays, flatten
-from fedbed.federation.local_data import ClientData
-from fedbed.federation.messages import Payload, Reply
+from fedbed.federation.messages import Payload
 from fedbed.models import DomainClassifier
 
 
@@ -91,16 +90,13 @@ class FedEMATrainer(SelfSupervisedTrainer):
         state["ema_scaler"], state["ema_weight"] = scaler, weight
         return blend(state["own_model"], payload.arrays, weight)
 
-    def remember(self, state: dict[str, Any], model: SelfSupervisedModel) -> None:
+    def end_round(self, model: SelfSupervisedModel, state: dict[str, Any]) -> None:
+        super().end_round(model, state)
         state["own_model"] = clone_arrays(model.state_dict())
 
-    def fit(self, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
-        working = dict(state)  # the state changes only when the round succeeds
-        reply = super().fit(payload, data, working)
-        reply.metrics["ema_weight"] = float(working.get("ema_weight", 0.0))
-        state.clear()
-        state.update(working)
-        return reply
+    def round_metrics(self, state: dict[str, Any]) -> dict[str, float]:
+        """μ of this round (0 at the client's first round)."""
+        return {"ema_weight": float(state.get("ema_weight", 0.0))}
 
 
 @register_algorithm

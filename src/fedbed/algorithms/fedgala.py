@@ -54,7 +54,6 @@ settings, ``docs/configs/pacs32-fedgala.yaml``), τ = 0, ``iter`` = 3, SimCLR's 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -70,7 +69,6 @@ from fedbed.algorithms.base.self_supervised import (
     SelfSupervisedAlgorithm,
     SelfSupervisedModel,
     SelfSupervisedTrainer,
-    StepHook,
 )
 from fedbed.algorithms.base.self_supervised_objectives import (
     OBJECTIVES,
@@ -160,6 +158,8 @@ class GlobalAlignmentStrategy(UpdateAggregationStrategy):
         send_reference: send ``reference/<parameter>`` read-only arrays (local alignment).
     """
 
+    metric_prefix = ""  # the clients' mean discard ratio is logged as ``discard_ratio`` (committed records, pacs32-fedgala.md)
+
     def __init__(self, seed: int = 0, global_alignment: bool = True, iterations: int = 3, send_reference: bool = False) -> None:
         super().__init__(seed)
         self.global_alignment = global_alignment
@@ -189,10 +189,6 @@ class GlobalAlignmentStrategy(UpdateAggregationStrategy):
         previous = {name: parameter.detach().clone() for name, parameter in self.model.named_parameters()}
         summary = super().aggregate(round_number, replies)
         self.previous = previous
-        names = sorted({name for reply in replies.values() for name in reply.metrics if name.startswith(DISCARD_METRIC)})
-        for name in names:
-            values = [reply.metrics[name] for reply in replies.values() if name in reply.metrics]
-            summary.metrics[name] = sum(values) / len(values)
         return summary
 
     def state_dict(self) -> dict[str, Any]:
@@ -231,13 +227,19 @@ class FedGaLATrainer(SelfSupervisedTrainer):
 
     hparams: FedGaLAHyperparameters
 
-    def step_hook(self, payload: Payload, model: SelfSupervisedModel) -> tuple[StepHook | None, Callable[[], dict[str, float]]]:
+    def begin_round(self, model: SelfSupervisedModel, payload: Payload, state: dict[str, Any]) -> None:
+        super().begin_round(model, payload, state)
         reference = reference_of(payload)
-        if not (self.hparams.local_alignment and reference):
-            return None, dict
-        hook = LocalAlignment(model, reference, self.hparams.alignment_threshold, self.hparams.unaligned_update,
-                              self.hparams.reweight_factor)
-        return hook, hook.metrics
+        self.local_alignment = (LocalAlignment(model, reference, self.hparams.alignment_threshold,
+                                               self.hparams.unaligned_update, self.hparams.reweight_factor)
+                                if self.hparams.local_alignment and reference else None)
+
+    def before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.local_alignment is not None:
+            self.local_alignment(optimizer)
+
+    def round_metrics(self, state: dict[str, Any]) -> dict[str, float]:
+        return self.local_alignment.metrics() if self.local_alignment is not None else {}
 
 
 FEDGALA_RUN_SETTINGS = {"rounds": 100, "local_epochs": 7, "batch_size": 128, "image_size": 32}

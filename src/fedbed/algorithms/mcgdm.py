@@ -83,15 +83,11 @@ from fedbed.algorithms.base.local_training import (
     LocalTrainingHyperparameters,
     SupervisedAlgorithm,
     SupervisedTrainer,
-    augmentation_seed,
-    round_hyperparameters,
-    train_locally,
 )
 from fedbed.algorithms.base.model_aggregation import FedAvgStrategy
 from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
 from fedbed.data.augmentation import AUGMENTATIONS, Augmentation
-from fedbed.federation.arrays import clone_arrays
-from fedbed.federation.local_data import Batch, ClientData
+from fedbed.federation.local_data import Batch
 from fedbed.federation.messages import Payload, Reply, RoundSummary
 
 HEAD_PREFIX = "classifier."
@@ -293,43 +289,36 @@ def previous_heads_of(payload: Payload) -> list[dict[str, torch.Tensor]]:
 
 
 class MCGDMTrainer(SupervisedTrainer):
-    """The MCGDM client: Eq. 8 on every batch, with the round's cosine-decayed learning rate."""
+    """The MCGDM client: Eq. 8 on every batch (CE on x and on its RandAugment view, the matching
+    terms weighted by λ and 1 − λ), with the round's cosine-decayed learning rate; the matching
+    terms' batch means go to the reply (``intra``, ``inter``, or ``align`` for Table 5's
+    alternatives)."""
 
     hparams: MCGDMHyperparameters
 
-    def fit(self, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
-        hparams, model = self.hparams, self.model
-        model.load_state_dict(payload.arrays)
-        round_hparams = round_hyperparameters(hparams, payload)
-        gradient = hparams.alignment == "gradient"
+    def __init__(self, hparams: MCGDMHyperparameters, context: AlgorithmContext) -> None:
+        super().__init__(hparams, context)
+        self.augmentation = Augmentation(hparams.augmentation)  # x stays x; RandAugment(x) is the batch's view
+        self.augment_inputs = False
+
+    def batch_loss(self, model: nn.Module, batch: Batch, payload: Payload, state: dict[str, Any]) -> torch.Tensor:
+        hparams = self.hparams
         heads = previous_heads_of(payload) if hparams.uses_previous_heads else []
-        logged = ("intra", "inter") if gradient else ("align",)
-        sums = dict.fromkeys(logged, 0.0)
-        batches = [0]
-
-        def batch_loss(batch: Batch) -> torch.Tensor:
-            batches[0] += 1
-            if not gradient:
-                terms = alternative_alignment(hparams.alignment, model, batch.inputs, batch.views[0], batch.targets, heads,
-                                              hparams.supcon_temperature)
-                sums["align"] += float(terms["align"].detach())
-                return 0.5 * (terms["ce"] + terms["ce_augmented"]) + hparams.alignment_weight * terms["align"]
-            terms = matching_losses(model, batch.inputs, batch.views[0], batch.targets, heads,
-                                    hparams.inter_reduction, hparams.gradient_cosine)
-            sums["intra"] += float(terms["intra"].detach())
-            sums["inter"] += float(terms["inter"].detach())
-            loss = 0.5 * (terms["ce"] + terms["ce_augmented"])
-            if hparams.use_intra:
-                loss = loss + hparams.matching_lambda * terms["intra"]
-            if hparams.use_inter:
-                loss = loss + (1.0 - hparams.matching_lambda) * terms["inter"]
-            return loss
-
-        generator = torch.Generator().manual_seed(int(payload.config["batch_seed"]))
-        loss = train_locally(model, data, round_hparams, self.budget, generator, batch_loss,
-                             augmentation=Augmentation(hparams.augmentation), augmentation_seed=augmentation_seed(payload))
-        metrics = {"loss": loss, "lr": round_hparams.client_lr, **{term: total / max(batches[0], 1) for term, total in sums.items()}}
-        return Reply(arrays=clone_arrays(model.state_dict()), num_examples=len(data), metrics=metrics)
+        if hparams.alignment != "gradient":
+            terms = alternative_alignment(hparams.alignment, model, batch.inputs, batch.views[0], batch.targets, heads,
+                                          hparams.supcon_temperature)
+            self.log_metric("align", terms["align"])
+            return 0.5 * (terms["ce"] + terms["ce_augmented"]) + hparams.alignment_weight * terms["align"]
+        terms = matching_losses(model, batch.inputs, batch.views[0], batch.targets, heads,
+                                hparams.inter_reduction, hparams.gradient_cosine)
+        self.log_metric("intra", terms["intra"])
+        self.log_metric("inter", terms["inter"])
+        loss = 0.5 * (terms["ce"] + terms["ce_augmented"])
+        if hparams.use_intra:
+            loss = loss + hparams.matching_lambda * terms["intra"]
+        if hparams.use_inter:
+            loss = loss + (1.0 - hparams.matching_lambda) * terms["inter"]
+        return loss
 
 
 class MCGDMStrategy(FedAvgStrategy):
@@ -369,12 +358,7 @@ class MCGDMStrategy(FedAvgStrategy):
         if self.send_heads:
             self.heads = {client: {name.removeprefix(HEAD_PREFIX): tensor.clone() for name, tensor in reply.arrays.items()
                                    if name.startswith(HEAD_PREFIX)} for client, reply in replies.items()}
-        summary = super().aggregate(round_number, replies)
-        for term in ("intra", "inter", "align", "lr"):
-            values = [r.metrics[term] for r in replies.values() if term in r.metrics]
-            if values:
-                summary.metrics[f"mean_{term}"] = sum(values) / len(values)
-        return summary
+        return super().aggregate(round_number, replies)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "heads": {c: {n: t.clone() for n, t in h.items()} for c, h in self.heads.items()}}

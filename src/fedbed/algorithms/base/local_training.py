@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -206,21 +206,77 @@ def augmentation_seed(payload: Payload) -> int:
     return derive_seed(int(payload.config["batch_seed"]), AUGMENTATION_PURPOSE)
 
 
-class SupervisedTrainer(ClientTrainer):
-    """Load the payload's state dict, train on the task loss, send the trained state dict back.
+class LocalTrainer(ClientTrainer):
+    """The whole of a client's round, which a method changes only through the hooks below.
 
-    The client half of FedAvg, Central and Local-only; subclasses change the objective through
-    :meth:`batch_loss` (which sees the payload, the batch and the client's persistent state) and
-    train tensors of their own kept in that state through :meth:`local_parameters`. With the
-    run's ``augmentation`` setting, each batch is replaced by its augmented view.
+    :meth:`fit` (not to be overridden) loads the round's starting model, seeds the batch order
+    from the engine's ``batch_seed``, works on a copy of the client's persistent state that
+    replaces it only when the round succeeds (a client that fails keeps its state as it was, on
+    every backend), trains, and builds the reply: the trained state dict, ``len(data)`` examples,
+    and the metrics ``loss`` (the mean training loss), ``lr`` (under a learning-rate schedule),
+    the batch mean of every metric :meth:`log_metric` recorded, and :meth:`round_metrics`.
+
+    Hooks, in the order :meth:`fit` calls them (one vocabulary for every method):
+
+    - :meth:`starting_arrays`: the arrays the round starts from (the payload's; FedEMA mixes in
+      the client's own model);
+    - :meth:`begin_round`: build what this round needs from the payload and the state (MCGDM
+      reads nothing here; FedGaLA builds its local-alignment hook, the self-supervised methods
+      restore their client-side networks);
+    - :meth:`local_parameters`: tensors of the state trained alongside the model, never sent;
+    - :meth:`train_round` — the phases; by default one phase of :func:`train_locally` over
+      :meth:`training_data` with :meth:`batch_loss`, :meth:`before_step` and :meth:`after_step`
+      (FedADG has two phases and three optimisers);
+    - :meth:`end_round`: store in the state what the next round needs;
+    - :meth:`round_metrics`: metrics of the whole round (FedGaLA's discard ratio).
+
+    The augmentation is declared once, in ``__init__``: the run's ``augmentation`` setting
+    (``augment_inputs``: each batch's ``inputs`` are its augmented view), or the method's own
+    (MCGDM's RandAugment views, the self-supervised methods' two views; ``augment_inputs =
+    False``: ``inputs`` stay the images and the views are in ``batch.views``). Objects a hook
+    builds for one round may live on ``self`` for that round only (a trainer runs one ``fit`` at
+    a time); nothing per client is kept on ``self`` between rounds (in-process one trainer serves
+    every client).
+
+    Attributes:
+        hparams: the method's hyperparameters.
+        budget: the local training budget.
+        task: ``classification`` or ``regression``.
+        augmentation: the views drawn for every batch, or ``None``.
+        augment_inputs: ``batch.inputs`` is the first view.
+        model: the trained model (reused every round).
     """
 
     def __init__(self, hparams: LocalTrainingHyperparameters, context: AlgorithmContext) -> None:
         self.hparams = hparams
         self.budget = context.budget
         self.task = context.task
-        self.augmentation = context.augmentation
+        self.augmentation: Augmentation | None = context.augmentation
+        self.augment_inputs = True
         self.model = context.model_factory()
+        self._logged: dict[str, list[float]] = {}
+
+    def starting_arrays(self, payload: Payload, state: dict[str, Any]) -> Mapping[str, torch.Tensor]:
+        """The state dict the round starts from: the payload's arrays by default.
+
+        Args:
+            payload: what the server sent.
+            state: the round's working copy of the client state (read and write).
+        """
+        return payload.arrays
+
+    def begin_round(self, model: nn.Module, payload: Payload, state: dict[str, Any]) -> None:
+        """Prepare the round after the starting model is loaded (nothing by default)."""
+
+    def local_parameters(self, state: dict[str, Any]) -> list[torch.Tensor]:
+        """Tensors of the client's persistent ``state`` trained alongside the model and never
+        sent (FedSR's class priors); none by default. They are trained on the round's copy of
+        the state and frozen again after it, so the state at rest holds no autograd history."""
+        return []
+
+    def training_data(self, data: ClientData) -> ClientData:
+        """The samples the round trains on (the self-supervised methods hide the labels)."""
+        return data
 
     def batch_loss(self, model: nn.Module, batch: Batch, payload: Payload, state: dict[str, Any]) -> torch.Tensor:
         """The objective of one batch (:func:`task_loss` of ``batch.inputs`` by default).
@@ -229,37 +285,89 @@ class SupervisedTrainer(ClientTrainer):
             model: the local model being trained.
             batch: the batch (its ``inputs`` are augmented when the run augments).
             payload: what the server sent this round (arrays and read-only arrays).
-            state: the client's persistent state (read and write).
+            state: the client's persistent state (the round's copy; read and write).
+
+        Returns:
+            A scalar tensor to minimise.
         """
         return task_loss(self.task, model(batch.inputs), batch.targets)
 
-    def local_parameters(self, state: dict[str, Any]) -> list[torch.Tensor]:
-        """Tensors of the client's persistent ``state`` trained alongside the model and never
-        sent (FedSR's class priors); none by default. :meth:`fit` trains them on a copy of the
-        state that replaces the state only when the round succeeds (a client that fails keeps
-        its state as it was, on every backend), frozen again, so the state at rest holds no
-        autograd history."""
-        return []
+    def before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Called after ``backward`` and before the optimiser's step; may edit or drop (set to
+        ``None``) any parameter's gradient (FedGaLA's local alignment). Nothing by default."""
 
-    def fit(self, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
-        model = self.model
-        model.load_state_dict(payload.arrays)
-        generator = torch.Generator().manual_seed(int(payload.config["batch_seed"]))
-        working = copy.deepcopy(state)
-        local = [tensor.requires_grad_(True) for tensor in self.local_parameters(working)]
-        hparams = round_hyperparameters(self.hparams, payload)
-        loss = train_locally(
-            model, data, hparams, self.budget, generator,
-            lambda batch: self.batch_loss(model, batch, payload, working), local,
-            augmentation=self.augmentation, augmentation_seed=augmentation_seed(payload),
-            augment_inputs=self.augmentation is not None,
-        )
+    def after_step(self) -> None:
+        """Called after every optimiser step (a momentum encoder's or target network's moving
+        average). Nothing by default."""
+
+    def train_round(self, model: nn.Module, data: ClientData, hparams: LocalTrainingHyperparameters,
+                    generator: torch.Generator, payload: Payload, state: dict[str, Any]) -> float:
+        """Train for the round and return the mean training loss over its steps.
+
+        One phase by default: :func:`train_locally` with one optimiser over the model and
+        :meth:`local_parameters`. A method with several phases (FedADG) overrides this and calls
+        :func:`run_batches` once per phase with :meth:`batch_options`.
+
+        Args:
+            model: loaded with :meth:`starting_arrays`.
+            data: :meth:`training_data` of the client's samples.
+            hparams: this round's optimiser settings (:func:`round_hyperparameters`).
+            generator: the batch order's generator, seeded by the engine per round and client.
+            payload: what the server sent.
+            state: the round's copy of the client state.
+        """
+        local = [tensor.requires_grad_(True) for tensor in self.local_parameters(state)]
+        loss = train_locally(model, data, hparams, self.budget, generator,
+                             lambda batch: self.batch_loss(model, batch, payload, state), local,
+                             before_step=self.before_step, after_step=self.after_step,
+                             **self.batch_options(payload))
         for tensor in local:
             tensor.requires_grad_(False)
+        return loss
+
+    def batch_options(self, payload: Payload) -> dict[str, Any]:
+        """The augmentation options of :func:`run_batches` this round (views, their seed, and
+        whether ``inputs`` is the first view)."""
+        return {"augmentation": self.augmentation, "augmentation_seed": augmentation_seed(payload),
+                "augment_inputs": self.augment_inputs and self.augmentation is not None}
+
+    def end_round(self, model: nn.Module, state: dict[str, Any]) -> None:
+        """Store in the round's copy of the state what the next round needs (nothing by default)."""
+
+    def round_metrics(self, state: dict[str, Any]) -> dict[str, float]:
+        """Metrics of the whole round, added to the reply (none by default)."""
+        return {}
+
+    def log_metric(self, name: str, value: torch.Tensor | float) -> None:
+        """Record one batch's value of a method's term (e.g. MCGDM's ``intra``); the reply
+        carries the mean over the batches that logged it, and the server averages it over the
+        round's clients (``mean_<name>`` in ``rounds.jsonl``)."""
+        self._logged.setdefault(name, []).append(float(value.detach()) if isinstance(value, torch.Tensor) else float(value))
+
+    def fit(self, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
+        """One round on this client (class docstring); never overridden by a method."""
+        model = self.model
+        working = copy.deepcopy(state)
+        model.load_state_dict(self.starting_arrays(payload, working))
+        generator = torch.Generator().manual_seed(int(payload.config["batch_seed"]))
+        hparams = round_hyperparameters(self.hparams, payload)
+        self._logged = {}
+        self.begin_round(model, payload, working)
+        loss = self.train_round(model, self.training_data(data), hparams, generator, payload, working)
+        self.end_round(model, working)
+        metrics = {"loss": loss} if hparams is self.hparams else {"loss": loss, "lr": hparams.client_lr}
+        metrics.update({name: sum(values) / len(values) for name, values in self._logged.items()})
+        metrics.update(self.round_metrics(working))
         state.clear()
         state.update(working)
-        metrics = {"loss": loss} if hparams is self.hparams else {"loss": loss, "lr": hparams.client_lr}
         return Reply(arrays=clone_arrays(model.state_dict()), num_examples=len(data), metrics=metrics)
+
+
+class SupervisedTrainer(LocalTrainer):
+    """The client half of FedAvg, Central and Local-only: the task loss on each batch's inputs
+    (augmented when the run augments). Methods change the objective through :meth:`batch_loss`
+    (FedProx, FedSR, MCGDM) and train tensors of their own kept in the client state through
+    :meth:`local_parameters` (FedSR's priors)."""
 
 
 class SupervisedAlgorithm(Algorithm):

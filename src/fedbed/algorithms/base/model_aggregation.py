@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -21,6 +21,7 @@ from torch import nn
 from fedbed.federation.arrays import clone_arrays, weighted_average
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary, Scalar
 from fedbed.federation.strategy import ServerStrategy
+from fedbed.federation.transport import FIT_SECONDS
 from fedbed.seeding import seeded_generator
 
 MODEL_AGGREGATION_PURPOSE = 37
@@ -123,9 +124,22 @@ class FedAvgStrategy(ServerStrategy):
     def aggregate(self, round_number: int, replies: dict[int, Reply]) -> RoundSummary:
         new_state, telemetry = self.combine(round_number, replies)
         self.model.load_state_dict(new_state)
-        losses = [r.metrics["loss"] for r in replies.values() if "loss" in r.metrics]
-        metrics = {"train_loss": sum(losses) / len(losses)} if losses else {}
-        return RoundSummary(metrics=metrics, telemetry=telemetry)
+        return RoundSummary(metrics=self.round_metrics(replies), telemetry=telemetry)
+
+    metric_prefix: ClassVar[str] = "mean_"
+    """How the round's log names the clients' mean of a reply metric: ``mean_<name>``."""
+
+    def round_metrics(self, replies: dict[int, Reply]) -> dict[str, float]:
+        """The clients' mean of every reply metric: ``train_loss`` for ``loss`` and
+        :attr:`metric_prefix` + name for the others (MCGDM's ``mean_intra``, the schedule's
+        ``mean_lr``), each over the replies that carry it, in the order the replies first name
+        them; the transport's ``fit_seconds`` is the engine's and is left out."""
+        names = list(dict.fromkeys(name for c in sorted(replies) for name in replies[c].metrics if name != FIT_SECONDS))
+        metrics = {}
+        for name in names:
+            values = [reply.metrics[name] for reply in replies.values() if name in reply.metrics]
+            metrics["train_loss" if name == "loss" else self.metric_prefix + name] = sum(values) / len(values)
+        return metrics
 
     def global_model(self) -> nn.Module:
         return self.model

@@ -72,27 +72,20 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
 from torch import nn
 
-from fedbed.algorithms.base.local_training import (
-    LocalTrainingHyperparameters,
-    augmentation_seed,
-    proximal_term,
-    round_hyperparameters,
-    train_locally,
-)
+from fedbed.algorithms.base.local_training import LocalTrainer, LocalTrainingHyperparameters, proximal_term
 from fedbed.algorithms.base.model_aggregation import FedAvgStrategy
 from fedbed.algorithms.base.registry import Algorithm, AlgorithmContext
 from fedbed.data.augmentation import AUGMENTATIONS, Augmentation
 from fedbed.federation.arrays import clone_arrays
 from fedbed.federation.local_data import Batch, ClientData
-from fedbed.federation.messages import Payload, Reply
-from fedbed.federation.strategy import ClientTrainer, ServerStrategy
+from fedbed.federation.messages import Payload
+from fedbed.federation.strategy import ServerStrategy
 from fedbed.models import DomainClassifier
 
 
@@ -207,45 +200,60 @@ class SelfSupervisedHyperparameters(LocalTrainingHyperparameters):
     proximal_coefficient: float = Field(0.0, ge=0)
 
 
-StepHook = Callable[[torch.optim.Optimizer], None]
-
-
-class SelfSupervisedTrainer(ClientTrainer):
+class SelfSupervisedTrainer(LocalTrainer):
     """A client that trains featurizer + projector on an :class:`Objective`, never reading labels.
 
-    Each round: load the payload (or :meth:`starting_arrays`), restore the objective's local
-    modules and tensors from the client state (or create them at the client's first round: a
-    target or key network starts as a copy of the received online network), train with one
-    optimiser over the model and the trained local modules, and store the local modules and
-    tensors back in the state only when the round succeeded. Subclasses add a hook between
-    backward and the optimiser step (:meth:`step_hook`, FedGaLA) or change the starting model
-    (:meth:`starting_arrays`, FedEMA).
+    Each round (hooks of :class:`~fedbed.algorithms.base.local_training.LocalTrainer`): the
+    objective's local modules and tensors are restored from the client state, or created at the
+    client's first round (a target or key network starts as a copy of the received online
+    network) in :meth:`begin_round`; the model and the trained local modules share one
+    optimiser; :meth:`end_round` stores the local modules and tensors back (in the round's copy
+    of the state, which replaces the state only when the round succeeded). FedGaLA adds a
+    :meth:`before_step`; FedEMA changes :meth:`starting_arrays`.
 
     Raises:
         TypeError: (at construction) a model factory that does not build a :class:`SelfSupervisedModel`.
     """
 
+    hparams: SelfSupervisedHyperparameters
+    model: SelfSupervisedModel
+
     def __init__(self, hparams: SelfSupervisedHyperparameters, context: AlgorithmContext, objective: Objective) -> None:
-        self.hparams = hparams
-        self.budget = context.budget
+        super().__init__(hparams, context)
         self.objective = objective
         self.augmentation = Augmentation(hparams.augmentation, views=2)
-        self.model = context.model_factory()
+        self.augment_inputs = False
         if not isinstance(self.model, SelfSupervisedModel):
             raise TypeError("a self-supervised trainer needs a SelfSupervisedModel; build it with the method's wrap_model")
+        self.modules: dict[str, nn.Module] = {}
+        self.buffers: dict[str, torch.Tensor] = {}
 
-    def starting_arrays(self, payload: Payload, state: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """The arrays the round starts from: the payload's (FedEMA mixes in the client's own)."""
-        return payload.arrays
+    def begin_round(self, model: SelfSupervisedModel, payload: Payload, state: dict[str, Any]) -> None:
+        """The objective's client-side networks and tensors of this round, from the state."""
+        self.modules = self.objective.local_modules(model)
+        for name, module in self.modules.items():
+            if name in state.get("modules", {}):
+                module.load_state_dict(state["modules"][name])
+            module.train()
+        self.buffers = ({name: tensor.clone() for name, tensor in state["buffers"].items()} if "buffers" in state
+                        else self.objective.initial_buffers(model))
 
-    def step_hook(self, payload: Payload, model: SelfSupervisedModel) -> tuple[StepHook | None, Callable[[], dict[str, float]]]:
-        """A hook between backward and the optimiser step, and a function giving its metrics
-        after the round; none by default."""
-        return None, dict
+    def local_parameters(self, state: dict[str, Any]) -> list[torch.Tensor]:
+        """The parameters of the objective's trained local modules (predictors)."""
+        return [p for name in self.objective.trained_modules if name in self.modules for p in self.modules[name].parameters()]
+
+    def training_data(self, data: ClientData) -> ClientData:
+        return without_labels(data)
+
+    def batch_loss(self, model: SelfSupervisedModel, batch: Batch, payload: Payload, state: dict[str, Any]) -> torch.Tensor:
+        return self.objective.loss(model, torch.cat(batch.views), self.modules, self.buffers) + self.regularisation(model, payload)
+
+    def after_step(self) -> None:
+        self.objective.after_step(self.model, self.modules)
 
     def regularisation(self, model: SelfSupervisedModel, payload: Payload) -> torch.Tensor | float:
         """Table 7's terms: ``λ‖Θ_i‖²`` over the trained parameters (Eq. 53) plus
-        ``μ‖Θ_i − Θ_g‖²`` (Eq. 55; :func:`~fedbed.algorithms.fedprox.proximal_term` is μ/2·‖·‖²)."""
+        ``μ‖Θ_i − Θ_g‖²`` (Eq. 55; :func:`~fedbed.algorithms.base.local_training.proximal_term` is μ/2·‖·‖²)."""
         hparams, total = self.hparams, 0.0
         if hparams.l2_coefficient > 0:
             total = total + hparams.l2_coefficient * sum((p**2).sum() for p in model.online_network().parameters())
@@ -253,36 +261,11 @@ class SelfSupervisedTrainer(ClientTrainer):
             total = total + proximal_term(model, payload.arrays, 2.0 * hparams.proximal_coefficient)
         return total
 
-    def fit(self, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
-        model, objective = self.model, self.objective
-        model.load_state_dict(self.starting_arrays(payload, state))
-        modules = objective.local_modules(model)
-        for name, module in modules.items():
-            if name in state.get("modules", {}):
-                module.load_state_dict(state["modules"][name])
-            module.train()
-        buffers = ({name: tensor.clone() for name, tensor in state["buffers"].items()} if "buffers" in state
-                   else objective.initial_buffers(model))
-        trained = [p for name in objective.trained_modules if name in modules for p in modules[name].parameters()]
-        hook, hook_metrics = self.step_hook(payload, model)
-
-        def batch_loss(batch: Batch) -> torch.Tensor:
-            return objective.loss(model, torch.cat(batch.views), modules, buffers) + self.regularisation(model, payload)
-
-        generator = torch.Generator().manual_seed(int(payload.config["batch_seed"]))
-        loss = train_locally(model, without_labels(data), round_hyperparameters(self.hparams, payload), self.budget, generator,
-                             batch_loss, trained,
-                             before_step=hook, after_step=lambda: objective.after_step(model, modules),
-                             augmentation=self.augmentation, augmentation_seed=augmentation_seed(payload))
-        self.remember(state, model)
-        if modules:
-            state["modules"] = {name: clone_arrays(module.state_dict()) for name, module in modules.items()}
-        if buffers:
-            state["buffers"] = buffers
-        return Reply(arrays=clone_arrays(model.state_dict()), num_examples=len(data), metrics={"loss": loss, **hook_metrics()})
-
-    def remember(self, state: dict[str, Any], model: SelfSupervisedModel) -> None:
-        """Keep what the next round needs of this round's trained model (nothing by default)."""
+    def end_round(self, model: SelfSupervisedModel, state: dict[str, Any]) -> None:
+        if self.modules:
+            state["modules"] = {name: clone_arrays(module.state_dict()) for name, module in self.modules.items()}
+        if self.buffers:
+            state["buffers"] = self.buffers
 
 
 class SelfSupervisedAlgorithm(Algorithm):
