@@ -140,3 +140,15 @@ def test_no_target_sample_reaches_training(tmp_path, monkeypatch):
     summary = run_experiment(config, progress=False, echo=lambda *_: None)
     assert DomainRecordingTrainer.seen == {0, 1, 3, 4, 5}  # every source domain, never 30 degrees (id 2)
     assert set(summary["selection"]["train_domain_val"]["id"]) == {"0", "15", "45", "60", "75"}
+
+
+def test_one_round_is_a_function_whose_record_is_the_logged_line(tmp_path):
+    from fedbed.federation.engine import run_round
+
+    alone = build_federation()
+    record, evaluation = run_round(alone, 1, rounds=2, seed=5, participation_fraction=1.0, eval_every=2)
+    assert evaluation is None and record["evaluation"] is None and list(tmp_path.iterdir()) == []
+    run(build_federation(), 1, tmp_path)
+    logged = json.loads((tmp_path / "rounds.jsonl").read_text())
+    assert list(record) == list(logged)
+    assert record["dropped"] == logged["dropped"] == {} and record["metrics"] == logged["metrics"]

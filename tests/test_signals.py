@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedbed.federation.engine import signals_deferred
+from fedbed.federation.run_log import signals_deferred
 from fedbed.run_directory import CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME
 
 

@@ -27,14 +27,14 @@ from fedbed.config import (
     load_config_file,
     validate,
 )
+from fedbed.federation.checkpoints import load_checkpoint
 from fedbed.federation.engine import (
     EngineError,
     Federation,
-    fault_summary,
-    load_checkpoint,
     run_rounds,
 )
 from fedbed.federation.evaluation import SELECTION_RULES, select_round
+from fedbed.federation.run_log import fault_summary
 from fedbed.federation.transport import InProcessClients
 from fedbed.jsonlog import to_json
 from fedbed.provenance import read_starts, record_start

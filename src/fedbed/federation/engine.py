@@ -1,29 +1,28 @@
-"""The federated engine: rounds, checkpoints, the per-round log, evaluation.
+"""The federated engine: the rounds of a run, the reply checks, evaluation.
 
-One round: sample clients -> ``configure_round`` -> each selected client's ``fit`` through a
-:class:`~fedbed.federation.transport.ClientTransport` (in this process one after another, or on
-Flower) -> reply checks (:func:`check_reply` per reply, then :func:`outlying_updates` across the
-round) -> alignment telemetry of the client updates (for every method: pairwise cosines,
-conflicting pairs, norms) -> ``aggregate`` (skipped when no reply is left, and undone when it
-leaves a non-finite model: the round then keeps the previous model and its log line says why)
--> evaluation every ``eval_every`` rounds -> one JSONL line -> checkpoint. Every random draw of round ``r`` on client ``k`` is seeded
-from ``(seed, r, k)``, so a run resumed from its checkpoint equals an uninterrupted one. A stop
-signal that arrives while a round's log line and checkpoint are written takes effect once both
-are on disk (:func:`signals_deferred`), so a stopped run's log and checkpoint end at the same round.
+One round (:func:`run_round`): sample clients -> ``configure_round`` -> each selected client's
+``fit`` through a :class:`~fedbed.federation.transport.ClientTransport` (in this process one after
+another, or on Flower) -> reply checks (:func:`checked_replies`: the transport's reasons, e.g. a
+client that raised or edited its payload in place, then :func:`check_reply` per reply, then
+:func:`outlying_updates` across the round) -> alignment telemetry of the client updates (for every
+method: pairwise cosines, conflicting pairs, norms) -> ``aggregate`` (skipped when no reply is
+left, and undone when it leaves a non-finite model: the round then keeps the previous model and
+its log line says why) -> evaluation every ``eval_every`` rounds. :func:`run_rounds` loops over
+the rounds: it resumes from the checkpoint, and after each round appends its line to the log and
+writes the checkpoint (:mod:`fedbed.federation.run_log`, :mod:`fedbed.federation.checkpoints`).
+Every random draw of round ``r`` on client ``k`` is seeded from ``(seed, r, k)``, so a run resumed
+from its checkpoint equals an uninterrupted one. A stop signal that arrives while a round's log
+line and checkpoint are written takes effect once both are on disk
+(:func:`~fedbed.federation.run_log.signals_deferred`), so a stopped run's log and checkpoint end
+at the same round.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import json
 import math
-import os
-import pickle
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from tqdm import tqdm
 
 from fedbed.federation.alignment import alignment_telemetry
 from fedbed.federation.arrays import flatten, floating_keys
+from fedbed.federation.checkpoints import EngineError, load_checkpoint
 from fedbed.federation.client_evaluation import (
     combine_client_statistics,
     evaluation_payloads,
@@ -41,10 +41,14 @@ from fedbed.federation.evaluation import evaluate_models
 from fedbed.federation.linear_probe import LinearProbe
 from fedbed.federation.local_data import ClientData, UnlabeledImages
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
+from fedbed.federation.run_log import (
+    keep_rounds_before,
+    logged_evaluations,
+    write_round,
+)
 from fedbed.federation.sampling import sample_clients
 from fedbed.federation.strategy import ServerStrategy, TooFewReplies
 from fedbed.federation.transport import FIT_SECONDS, ClientTransport
-from fedbed.jsonlog import to_json
 from fedbed.run_directory import CHECKPOINT_NAME, LOG_NAME
 from fedbed.seeding import derive_seed
 
@@ -53,11 +57,6 @@ DEFAULT_UPDATE_NORM_FACTOR = 1000.0
 round's update norms, unless the run sets ``update_norm_factor``: an honest client's update is
 within a few times its peers' (one client per domain, any method here), a broken or malicious
 one far beyond."""
-
-
-class EngineError(RuntimeError):
-    """Raised when a run cannot go on (a method that needs every selected client lost one, a
-    checkpoint is unusable)."""
 
 
 @dataclass
@@ -259,101 +258,121 @@ def client_infos(partitions: Sequence[Any]) -> list[ClientInfo]:
             for k, p in enumerate(partitions)]
 
 
-def _complete_lines(log_path: Path) -> list[str]:
-    """The log's lines that parse as JSON (a line cut short by a crash is left out)."""
-    lines = []
-    for line in log_path.read_text().splitlines() if log_path.exists() else []:
-        try:
-            json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        lines.append(line)
-    return lines
+def checked_replies(federation: Federation, payloads: dict[int, Payload],
+                    selected: list[int]) -> tuple[dict[int, Reply], dict[str, str], tuple[list[int], torch.Tensor] | None]:
+    """Fit the selected clients through the transport and drop the replies that fail the checks.
+
+    A client with no reply (it raised, was lost, or edited what it was sent in place: the
+    transport's reason, :meth:`~fedbed.federation.transport.ClientTransport.fit_round`) and a
+    reply that fails :func:`check_reply` are dropped first; then, over the remaining replies,
+    those whose update norm is an outlier (:func:`outlying_updates`).
+
+    Returns:
+        ``(replies kept, dropped: client id (str) -> reason, the kept replies' updates``
+        (:func:`client_updates`, ``None`` without any)``)``.
+    """
+    replies: dict[int, Reply] = {}
+    dropped: dict[str, str] = {}
+    for client, outcome in sorted(federation.clients.fit_round({c: payloads[c] for c in selected}).items()):
+        reason = outcome if isinstance(outcome, str) else check_reply(outcome, payloads[client].arrays,
+                                                                       federation.client_timeout)
+        if reason is None:
+            replies[client] = outcome
+        else:
+            dropped[str(client)] = reason
+    updates = client_updates(payloads, replies)
+    if updates is not None:
+        outliers = outlying_updates(updates[0], updates[1].norm(dim=1), federation.update_norm_factor)
+        if outliers:
+            dropped.update({str(client): reason for client, reason in outliers.items()})
+            replies = {client: reply for client, reply in replies.items() if client not in outliers}
+            updates = client_updates(payloads, replies)
+    return replies, dropped, updates
 
 
-def fault_summary(log_path: Path) -> dict[str, Any]:
-    """What the run's log says about faults, for the summary: ``dropped_replies`` (how many
-    replies the engine dropped over the run), ``dropped_by_client`` (client id -> count) and
-    ``rounds_keeping_previous_model`` (the rounds whose model did not change, with why)."""
-    dropped: dict[str, int] = {}
-    kept: dict[str, str] = {}
-    for line in _complete_lines(log_path):
-        record = json.loads(line)
-        for client in record.get("dropped", {}):
-            dropped[client] = dropped.get(client, 0) + 1
-        if record.get("kept_previous_model"):
-            kept[str(record["round"])] = record["kept_previous_model"]
-    return {"dropped_replies": sum(dropped.values()), "dropped_by_client": dropped, "rounds_keeping_previous_model": kept}
+def run_round(
+    federation: Federation,
+    round_number: int,
+    *,
+    rounds: int,
+    seed: int,
+    participation_fraction: float,
+    eval_every: int,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """One round: sample, configure, fit and check (:func:`checked_replies`), alignment
+    telemetry, aggregate (:func:`aggregate_or_keep`), evaluate when due.
 
+    Args:
+        federation: the built run (its strategy and clients' states advance by one round).
+        round_number: this round (1-based).
+        rounds, seed, participation_fraction, eval_every: as for :func:`run_rounds`.
 
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
-"""The signals that stop a run (Ctrl-C, ``kill``, a closed terminal; see ``fedbed.cli.stop_on_signals``),
-those of them this platform has (Windows has no SIGHUP)."""
-
-
-@contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Hold back :data:`STOP_SIGNALS` for the duration of the block, then act on the first one
-    that arrived, as its handler would have: used around writing a round's log line and
-    checkpoint, so a stop never leaves a log that is a round ahead of the checkpoint.
-
-    Only Python-level handlers are deferred (``signal.default_int_handler``, the CLI's
-    :func:`fedbed.cli.stop_on_signals` handler, a caller's own); a signal left at ``SIG_DFL`` or
-    ``SIG_IGN`` keeps its disposition. Outside the main thread (where Python cannot set handlers)
-    the block runs as is.
+    Returns:
+        ``(record, evaluation)``: the round's line of ``rounds.jsonl``, and its evaluation
+        (``{"round", **scores}``, also in the record) or ``None`` when the round is not evaluated.
 
     Raises:
-        whatever the deferred handler raises after the block (``KeyboardInterrupt`` for the CLI).
+        EngineError: a method that needs every selected client lost one.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    arrived: list[tuple[int, Any]] = []
-    previous = {number: signal.getsignal(number) for number in STOP_SIGNALS}
-    deferred = {number: handler for number, handler in previous.items() if callable(handler)}
-    for number in deferred:
-        signal.signal(number, lambda signum, frame: arrived.append((signum, frame)))
-    try:
-        yield
-    finally:
-        for number, handler in deferred.items():
-            signal.signal(number, handler)
-    if arrived:
-        signum, frame = arrived[0]
-        deferred[signum](signum, frame)
-
-
-def _save_checkpoint(path: Path, round_number: int, federation: Federation) -> None:
-    partial = path.with_name(path.name + ".partial")
-    torch.save(
-        {
-            "round": round_number,
-            "strategy": federation.strategy.state_dict(),
-            "client_states": federation.clients.state_dict(),
+    began = time.perf_counter()
+    selected = sample_clients(federation.clients.num_clients, participation_fraction, seed, round_number)
+    payloads = federation.strategy.configure_round(round_number, selected)
+    for client in selected:
+        payloads[client].config.update({"round": round_number, "rounds": rounds, "client": client,
+                                        "batch_seed": derive_seed(seed, round_number, client)})
+    replies, dropped, updates = checked_replies(federation, payloads, selected)
+    if dropped and federation.strategy.requires_every_client:
+        lost = "; ".join(f"client {client}: {reason}" for client, reason in sorted(dropped.items(), key=lambda item: int(item[0])))
+        raise EngineError(f"round {round_number}: this method needs every selected client, and lost {lost}")
+    alignment = alignment_telemetry(updates[1], updates[0]) if updates is not None else None
+    summary, kept_previous_model = aggregate_or_keep(federation.strategy, round_number, replies)
+    pseudo_labels = summary.telemetry.pop("pseudo_labels", None)
+    adaptation = adaptation_log(pseudo_labels, federation.adaptation_labels_for_the_log) if pseudo_labels is not None else None
+    evaluation, evaluation_dropped = None, {}
+    evaluation_began = time.perf_counter()
+    if eval_every and (round_number % eval_every == 0 or round_number == rounds):
+        scores, evaluation_dropped = evaluate_federation(federation)
+        evaluation = {"round": round_number, **scores}
+    record = {
+        "round": round_number,
+        "selected": selected,
+        "dropped": dropped,
+        "kept_previous_model": kept_previous_model,
+        "metrics": summary.metrics,
+        "alignment": alignment,
+        "telemetry": summary.telemetry,
+        "communication": {
+            "sent_bytes": {str(c): payloads[c].num_bytes() for c in selected},
+            "received_bytes": {str(c): reply.num_bytes() for c, reply in replies.items()},
         },
-        partial,
-    )
-    os.replace(partial, path)
+        "adaptation": adaptation,
+        "evaluation": evaluation,
+        "evaluation_dropped": evaluation_dropped,
+        "seconds": time.perf_counter() - began,
+        "evaluation_seconds": time.perf_counter() - evaluation_began,
+    }
+    return record, evaluation
 
 
-def load_checkpoint(path: Path, strategy, clients=None) -> int:
-    """Restore ``strategy`` (and, if given, ``clients``' persistent states) from the checkpoint
-    at ``path``; return its round (1-based).
+def first_round(federation: Federation, log_path: Path, checkpoint_path: Path, resume: bool) -> int:
+    """The round a run starts at: 1, with an emptied log; or, resuming, the one after its
+    checkpoint's (restored into the strategy and the clients), with the log cut to the rounds
+    before it (:func:`~fedbed.federation.run_log.keep_rounds_before`).
 
     Raises:
-        EngineError: a damaged checkpoint, or one written for another run or another version of
-            the method (its arrays do not fit).
+        EngineError: ``resume`` without a usable checkpoint.
     """
+    if not resume:
+        log_path.write_text("")
+        return 1
+    if not checkpoint_path.exists():
+        raise EngineError(f"cannot resume: {checkpoint_path} does not exist; run without --resume")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-        strategy.load_state_dict(checkpoint["strategy"])
-        if clients is not None:
-            clients.load_state_dict(checkpoint["client_states"])
-        return int(checkpoint["round"])
-    except (RuntimeError, KeyError, EOFError, pickle.UnpicklingError) as error:
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise EngineError(f"{path} does not fit this run ({first_line}); it is damaged or was written by another "
-                          "version of the method") from None
+        start = load_checkpoint(checkpoint_path, federation.strategy, federation.clients) + 1
+    except EngineError as error:
+        raise EngineError(f"cannot resume: {error}; run without --resume (--overwrite)") from None
+    keep_rounds_before(log_path, start)
+    return start
 
 
 def run_rounds(
@@ -396,83 +415,19 @@ def run_rounds(
             a usable checkpoint.
     """
     log_path, checkpoint_path = run_dir / LOG_NAME, run_dir / CHECKPOINT_NAME
-    start = 1
-    if resume:
-        if not checkpoint_path.exists():
-            raise EngineError(f"cannot resume: {checkpoint_path} does not exist; run without --resume")
-        try:
-            start = load_checkpoint(checkpoint_path, federation.strategy, federation.clients) + 1
-        except EngineError as error:
-            raise EngineError(f"cannot resume: {error}; run without --resume (--overwrite)") from None
-        kept = [line for line in _complete_lines(log_path) if json.loads(line)["round"] < start]
-        log_path.write_text("".join(line + "\n" for line in kept))
-    else:
-        log_path.write_text("")
-    evaluations = [json.loads(line)["evaluation"] for line in _complete_lines(log_path)]
-    evaluations = [e for e in evaluations if e is not None]
+    start = first_round(federation, log_path, checkpoint_path, resume)
+    evaluations = logged_evaluations(log_path)
     if on_start is not None:
         on_start(start - 1)
 
     bar = tqdm(range(start, rounds + 1), desc="round", disable=not progress, initial=start - 1, total=rounds)
     for round_number in bar:
-        began = time.perf_counter()
-        selected = sample_clients(federation.clients.num_clients, participation_fraction, seed, round_number)
-        payloads = federation.strategy.configure_round(round_number, selected)
-        for client in selected:
-            payloads[client].config.update({"round": round_number, "rounds": rounds, "client": client,
-                                            "batch_seed": derive_seed(seed, round_number, client)})
-        replies: dict[int, Reply] = {}
-        dropped: dict[str, str] = {}
-        for client, outcome in sorted(federation.clients.fit_round({c: payloads[c] for c in selected}).items()):
-            reason = outcome if isinstance(outcome, str) else check_reply(outcome, payloads[client].arrays,
-                                                                           federation.client_timeout)
-            if reason is None:
-                replies[client] = outcome
-            else:
-                dropped[str(client)] = reason
-        updates = client_updates(payloads, replies)
-        if updates is not None:
-            outliers = outlying_updates(updates[0], updates[1].norm(dim=1), federation.update_norm_factor)
-            if outliers:
-                dropped.update({str(client): reason for client, reason in outliers.items()})
-                replies = {client: reply for client, reply in replies.items() if client not in outliers}
-                updates = client_updates(payloads, replies)
-        if dropped and federation.strategy.requires_every_client:
-            lost = "; ".join(f"client {client}: {reason}" for client, reason in sorted(dropped.items(), key=lambda item: int(item[0])))
-            raise EngineError(f"round {round_number}: this method needs every selected client, and lost {lost}")
-        alignment = alignment_telemetry(updates[1], updates[0]) if updates is not None else None
-        summary, kept_previous_model = aggregate_or_keep(federation.strategy, round_number, replies)
-        pseudo_labels = summary.telemetry.pop("pseudo_labels", None)
-        adaptation = adaptation_log(pseudo_labels, federation.adaptation_labels_for_the_log) if pseudo_labels is not None else None
-        evaluation, evaluation_dropped = None, {}
-        evaluation_began = time.perf_counter()
-        if eval_every and (round_number % eval_every == 0 or round_number == rounds):
-            scores, evaluation_dropped = evaluate_federation(federation)
-            evaluation = {"round": round_number, **scores}
+        record, evaluation = run_round(federation, round_number, rounds=rounds, seed=seed,
+                                       participation_fraction=participation_fraction, eval_every=eval_every)
+        if evaluation is not None:
             evaluations.append(evaluation)
-        record = {
-            "round": round_number,
-            "selected": selected,
-            "dropped": dropped,
-            "kept_previous_model": kept_previous_model,
-            "metrics": summary.metrics,
-            "alignment": alignment,
-            "telemetry": summary.telemetry,
-            "communication": {
-                "sent_bytes": {str(c): payloads[c].num_bytes() for c in selected},
-                "received_bytes": {str(c): reply.num_bytes() for c, reply in replies.items()},
-            },
-            "adaptation": adaptation,
-            "evaluation": evaluation,
-            "evaluation_dropped": evaluation_dropped,
-            "seconds": time.perf_counter() - began,
-            "evaluation_seconds": time.perf_counter() - evaluation_began,
-        }
-        with signals_deferred():
-            with log_path.open("a") as log:
-                log.write(to_json(record) + "\n")
-            _save_checkpoint(checkpoint_path, round_number, federation)
-        postfix = {"loss": f"{summary.metrics.get('train_loss', float('nan')):.3f}"}
+        write_round(log_path, checkpoint_path, record, federation.strategy, federation.clients)
+        postfix = {"loss": f"{record['metrics'].get('train_loss', float('nan')):.3f}"}
         if evaluations:
             postfix.update(id=f"{evaluations[-1]['id_mean']:.1f}", ood=f"{evaluations[-1]['ood_mean']:.1f}")
         bar.set_postfix(postfix)
