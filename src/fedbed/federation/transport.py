@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,87 @@ def fit_client(trainer: ClientTrainer, payload: Payload, data: ClientData, state
     if CLIPPING_NORM in payload.config:
         reply.arrays = clip_update(reply.arrays, payload.arrays, float(payload.config[CLIPPING_NORM]))[0]
     reply.metrics[FIT_SECONDS] = seconds
+    return reply
+
+
+def _tensors(payload: Payload) -> list[torch.Tensor]:
+    return [*payload.arrays.values(), *payload.read_only_arrays.values()]
+
+
+def _same_values(tensor: torch.Tensor, original: torch.Tensor) -> bool:
+    """Whether ``tensor`` still holds ``original``'s shape, dtype and values (NaN equal to NaN)."""
+    if tensor.shape != original.shape or tensor.dtype != original.dtype:
+        return False
+    if torch.equal(tensor, original):
+        return True
+    return tensor.is_floating_point() and bool(((tensor == original) | (tensor.isnan() & original.isnan())).all())
+
+
+class PayloadSnapshot:
+    """A copy of every distinct tensor of a round's payloads, taken before any client fits, to
+    find a client that edited a tensor it was sent in place, and to put the tensor back.
+
+    In this process a trainer receives the very tensors the server holds: a strategy may send its
+    own state (MCGDM's heads of the previous round, read-only) and one tensor to every client
+    (FedAvg sends all clients the same arrays). An in-place edit would change the server's state,
+    what later clients of the round start from, and the update the engine measures; so it must
+    not pass. The check compares values with the copy after each client's fit (``torch.equal``),
+    not the tensors' ``_version`` counters: those miss writes through ``tensor.data``, through
+    ``tensor.numpy()``, and through a model parameter whose ``.data`` was set to the tensor
+    (an optimiser step then writes the payload's memory without counting a version). The cost is
+    one copy of each distinct payload tensor per round and one comparison per client and tensor.
+
+    On Flower a client receives deserialised copies, so an edit there cannot reach the server;
+    only :class:`InProcessClients` takes a snapshot.
+    """
+
+    def __init__(self, payloads: Iterable[Payload]) -> None:
+        self._copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for payload in payloads:
+            for tensor in _tensors(payload):
+                if id(tensor) not in self._copies:
+                    self._copies[id(tensor)] = (tensor, tensor.detach().clone())
+
+    def restore_edits(self, payload: Payload) -> str | None:
+        """Why the client that received ``payload`` is dropped, when it edited one of its tensors
+        in place (every edited tensor is put back first), or ``None``."""
+        edited = []
+        for kind, arrays in (("a payload array", payload.arrays), ("a read-only payload array", payload.read_only_arrays)):
+            for name, tensor in arrays.items():
+                original = self._copies[id(tensor)][1]
+                if _same_values(tensor, original):
+                    continue
+                edited.append((kind, name))
+                with torch.no_grad():
+                    if tensor.shape == original.shape and tensor.dtype == original.dtype:
+                        tensor.copy_(original)
+                    else:
+                        tensor.set_(original.clone())
+        if not edited:
+            return None
+        (kind, name), more = edited[0], len(edited) - 1
+        return (f"edited {kind} {name!r} in place" + (f" (and {more} more)" if more else "")
+                + ": a trainer must not change the tensors it is sent (it loads them into its own model)")
+
+
+def handed_to_trainer(payload: Payload) -> Payload:
+    """The payload as a trainer receives it in this process: the same tensors, in new dicts, so
+    that a trainer that adds, replaces or removes an entry (or replaces ``config``) does not
+    change what the server or another client holds. Tensors cannot be made read-only in torch;
+    :class:`PayloadSnapshot` finds the in-place edits."""
+    return Payload(dict(payload.arrays), dict(payload.config), dict(payload.read_only_arrays))
+
+
+def unshared_reply(reply: Reply, payload: Payload) -> Reply:
+    """``reply`` with every array that shares memory with a tensor of ``payload`` (a trainer that
+    returned, or kept a view of, a tensor it was sent) replaced by a copy: the values are the same,
+    but the server, which may keep reply arrays as its state, never holds a payload tensor twice.
+    Nothing is copied in the common case (a trainer returns its own model's arrays)."""
+    sent = {tensor.untyped_storage().data_ptr() for tensor in _tensors(payload) if tensor.numel()}
+    shared = [name for name, array in reply.arrays.items()
+              if array.numel() and array.untyped_storage().data_ptr() in sent]
+    if shared:
+        reply.arrays = {name: array.clone() if name in shared else array for name, array in reply.arrays.items()}
     return reply
 
 
@@ -125,12 +207,24 @@ class InProcessClients(ClientTransport):
         return len(self.data)
 
     def fit_round(self, payloads: dict[int, Payload]) -> dict[int, Reply | str]:
+        """Fit the clients one after another; each gets :func:`handed_to_trainer` of its payload.
+
+        A client that edited a tensor of its payload in place is dropped with the reason and the
+        tensor is put back before the next client fits (:class:`PayloadSnapshot`); a reply array
+        that shares memory with a payload tensor is replaced by a copy (:func:`unshared_reply`).
+        """
+        snapshot = PayloadSnapshot(payloads.values())
         outcomes: dict[int, Reply | str] = {}
         for client, payload in payloads.items():
             try:
-                outcomes[client] = fit_client(self.trainer, payload, self.data[client], self.states[client])
+                outcome: Reply | str = fit_client(self.trainer, handed_to_trainer(payload), self.data[client],
+                                                  self.states[client])
             except Exception as error:  # a failing client is dropped from the round, never fatal
-                outcomes[client] = f"raised {type(error).__name__}: {error}"
+                outcome = f"raised {type(error).__name__}: {error}"
+            edited = snapshot.restore_edits(payload)
+            if edited is not None:
+                outcome = edited if isinstance(outcome, Reply) else f"{outcome}; it also {edited}"
+            outcomes[client] = unshared_reply(outcome, payload) if isinstance(outcome, Reply) else outcome
         return outcomes
 
     def evaluate_round(self, payloads: dict[int, Payload]) -> dict[int, Reply | str]:
