@@ -7,10 +7,9 @@ from torch import nn
 from fedbed.algorithms.hypernetwork import (
     ExponentialMovingAverage,
     HFedFHyperparameters,
-    HyperNetwork,
     HypernetworkStrategy,
-    embedding_dimension,
 )
+from fedbed.models.hypernetwork import HyperNetwork, embedding_dimension
 from fedbed.federation.messages import ClientInfo, Reply
 
 
