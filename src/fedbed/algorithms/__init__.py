@@ -10,19 +10,16 @@ differential privacy, knowledge vote).
 from fedbed.algorithms import (  # noqa: F401  (registration)
     fedadg,
     fedavg,
-    fedbyol,
     fedema,
     fedgala,
-    fedmoco,
     fedprox,
-    fedsimclr,
-    fedsimsiam,
     fedsr,
     gradient_agreement,
     hypernetwork,
     local_only,
     mcgdm,
     ppdg,
+    self_supervised_baselines,
 )
 from fedbed.algorithms.base.registry import (
     ALGORITHMS,
