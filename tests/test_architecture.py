@@ -105,3 +105,98 @@ def test_an_in_process_run_does_not_import_flower():
             "from fedbed.experiment import run_experiment; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'flwr' or m.startswith('fedbed.flower')))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
+def count_validations(monkeypatch) -> list:
+    """Every later call of :func:`fedbed.config.validate`, by any FedBed module (each reference
+    to it replaced by a counting wrapper): the settings of each call, in order."""
+    import fedbed.config
+
+    original, calls = fedbed.config.validate, []
+
+    def counting(config):
+        calls.append(config)
+        return original(config)
+
+    for name, module in list(sys.modules.items()):
+        if (name == "fedbed" or name.startswith("fedbed.")) and getattr(module, "validate", None) is original:
+            monkeypatch.setattr(module, "validate", counting)
+    return calls
+
+
+def test_a_run_validates_its_settings_once(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from fedbed.cli import app
+    from fedbed.experiment import ExperimentConfig, run_experiment
+
+    calls = count_validations(monkeypatch)
+    tiny = ["--rounds", "1", "--local-steps", "1", "--model", "lenet", "--no-progress"]
+    result = CliRunner().invoke(app, ["run", *tiny, "--run-dir", str(tmp_path / "cli")])
+    assert result.exit_code == 0, result.output
+    assert len(calls) == 1
+    result = CliRunner().invoke(app, ["run", *tiny, "--run-dir", str(tmp_path / "cli"), "--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert len(calls) == 2
+    run_experiment(ExperimentConfig(rounds=1, local_steps=1, model="lenet", run_dir=tmp_path / "api"), progress=False,
+                   echo=lambda *_: None)
+    assert len(calls) == 3
+
+
+def test_settings_validated_where_a_run_was_submitted_are_not_validated_again_by_its_apps(tmp_path, monkeypatch):
+    import tomllib
+
+    import pytest
+    from flwr.common.config import flatten_dict, parse_config_args
+
+    from fedbed.config import ExperimentConfig, ValidatedConfig, validate, validated_settings
+    from fedbed.flower.apps import config_json_from_run_config, digest_of_run_config
+    from fedbed.flower.deployment import write_app
+
+    validated = validate(ExperimentConfig(rounds=1, local_steps=1, model="lenet", hp={"client_lr": 0.05},
+                                          run_dir=tmp_path / "run")).with_absolute_paths()
+    with pytest.raises(TypeError, match="made by fedbed.config.validate only"):
+        ValidatedConfig(validated.config, validated.dataset, validated.algorithm, validated.hparams, None)
+    write_app(tmp_path / "app", validated)
+    run_config = flatten_dict(tomllib.loads((tmp_path / "app" / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
+    calls = count_validations(monkeypatch)
+
+    def received(run_config) -> ValidatedConfig:  # as a deployed ServerApp or ClientApp parses it
+        return validated_settings(ExperimentConfig.model_validate_json(config_json_from_run_config(run_config)),
+                                  digest_of_run_config(run_config))
+
+    deployed = received(run_config)
+    simulated = validated_settings(ExperimentConfig.model_validate_json(validated.config.model_dump_json()),
+                                   validated.digest)  # make_apps' closure, in a simulation's client actor
+    assert calls == []
+    for other in (deployed, simulated):
+        assert (other.config, other.hparams, other.algorithm.name, other.dataset.name, other.evaluation_protocol) == (
+            validated.config, validated.hparams, validated.algorithm.name, validated.dataset.name,
+            validated.evaluation_protocol)
+    # A setting overridden after validation (flwr run --run-config), or settings without the marker: validated there.
+    assert received({**run_config, **parse_config_args(["fedbed.rounds=3"])}).config.rounds == 3
+    assert len(calls) == 1
+    received({key: value for key, value in run_config.items() if key != "fedbed-validated"})
+    assert len(calls) == 2
+
+
+RUN_MODULES = ("fedbed.federation.transport", "fedbed.federation.engine", "fedbed.federation.run_log",
+               "fedbed.federation.checkpoints", "fedbed.build", "fedbed.experiment", "fedbed.backends", "fedbed.flower",
+               "fedbed.sweep")
+"""The transports, the engine and its run loop (the run's log, its checkpoints) and the modules
+that build or run a run: the settings (``fedbed.config``) never import them."""
+
+
+def test_the_settings_import_no_engine_transport_or_run_module():
+    graph = import_graph()
+    imported = set(graph["fedbed.config"])
+    assert sorted(m for m in imported if any(m == r or m.startswith(r + ".") for r in RUN_MODULES)) == []
+    reached, frontier = set(), ["fedbed.config"]
+    while frontier:
+        for other in graph[frontier.pop()] - reached:
+            reached.add(other)
+            frontier.append(other)
+    # Nor through the modules they import, but for the transport: the methods' averaging seam
+    # (fedbed.algorithms.base.model_aggregation) imports it, and config reads the methods' registry.
+    indirect = RUN_MODULES[1:]
+    assert sorted(m for m in reached if any(m == r or m.startswith(r + ".") for r in indirect)) == []

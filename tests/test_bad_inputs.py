@@ -69,3 +69,20 @@ def test_a_bad_sweep_is_refused_before_any_job_runs(sweep, message, tmp_path):
         run_sweep(load_sweep_file(path), out, progress=False)
     assert message in str(raised.value) and "\n" not in str(raised.value)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("backend, options, message", [
+    ("flower-cloud", {}, "unknown backend 'flower-cloud'; choose one of in-process, flower-sim, flower-deployment"),
+    ("flower-sim", {"resume": True}, "--resume works in-process only: on flower-sim the client states live on the clients' nodes"),
+    ("in-process", {"tls": True}, "--tls applies to --backend flower-deployment only"),
+    ("in-process", {"overwrite": True, "resume": True}, "--overwrite deletes the run that --resume would continue"),
+])
+def test_the_python_api_refuses_a_backend_option_as_the_command_line(backend, options, message, tmp_path):
+    from fedbed.backends import run_on_backend
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("rounds: 1\n")  # an earlier run: overwrite would delete it
+    with pytest.raises(ConfigError) as raised:
+        run_on_backend(ExperimentConfig(run_dir=tmp_path / "run"), backend, progress=False, echo=lambda *_: None, **options)
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+    assert (tmp_path / "run" / "config.yaml").exists()

@@ -230,3 +230,24 @@ def test_a_failed_deployment_keeps_its_logs_in_the_run_directory(tmp_path, monke
     kept = tmp_path / "run" / "flower-logs" / "superlink.log"
     assert f"its log: {kept}" in str(raised.value) and "last lines: starting | FileNotFoundError: flower-superexec" in str(raised.value)
     assert kept.read_text().endswith("flower-superexec\n")
+
+
+def test_a_run_on_the_simulation_validates_its_settings_once(tmp_path, monkeypatch):
+    """``fedbed run --backend flower-sim``: the settings are validated once, in this process;
+    the ServerApp (in this process) and the client actors receive them validated
+    (tests/test_architecture.py checks that the apps' parsing of them validates nothing)."""
+    from typer.testing import CliRunner
+
+    from fedbed.cli import app
+    from tests.test_architecture import count_validations
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    calls = count_validations(monkeypatch)
+    settings = tmp_path / "run.yaml"  # two sites, as tiny()
+    settings.write_text("partition: domains_per_client\nnum_clients: 2\ndomains_per_client: 3\nbatch_size: 16\n")
+    result = CliRunner().invoke(app, ["run", "--config", str(settings), "--backend", "flower-sim", "--model", "lenet",
+                                      "--rounds", "1", "--local-steps", "1", "--run-dir", str(tmp_path / "run"),
+                                      "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["backend"] == "flower-sim"
+    assert len(calls) == 1

@@ -22,7 +22,7 @@ from fedbed.algorithms.options.robust_aggregation import (
     DEFAULT_TRIMMED_FRACTION,
     RobustAggregation,
 )
-from fedbed.config import ConfigError, ExperimentConfig, number_of_clients, validate
+from fedbed.config import ConfigError, ExperimentConfig, ValidatedConfig, as_validated, number_of_clients
 from fedbed.data import (
     DataError,
     add_few_shot_target_samples,
@@ -273,13 +273,18 @@ def image_size_of(config: ExperimentConfig, spec: DatasetSpec) -> int | None:
     return config.image_size or FIXED_INPUT_SIZES.get(config.model or spec.default_model)
 
 
-def build_run(config: ExperimentConfig) -> BuiltRun:
-    """Validate ``config``, load the data, split, partition and build the initial model.
+def build_run(settings: ValidatedConfig | ExperimentConfig) -> BuiltRun:
+    """Load the data, split, partition and build the initial model of validated settings
+    (:func:`fedbed.config.validate`'s :class:`~fedbed.config.ValidatedConfig`, whose looked-up
+    names it uses as they are: nothing is validated again). Given an :class:`ExperimentConfig`
+    (the Python API, a run rebuilt from its folder), it validates it first: that run's one validation.
 
     Raises:
-        ConfigError: invalid settings, data that cannot be found or read, a model that does not fit.
+        ConfigError: invalid settings (an unvalidated config), data that cannot be found or
+            read, a model that does not fit.
     """
-    resolved = validate(config)
+    resolved = as_validated(settings)
+    config = resolved.config
     algorithm, spec, hparams = resolved.algorithm, resolved.dataset, resolved.hparams
     try:
         model_name = config.model or spec.default_model

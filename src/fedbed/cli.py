@@ -94,23 +94,14 @@ def run(
     With no arguments: FedAvg on RotatedMNIST (embedded MNIST sample unless a data root is
     set), target domain 0 degrees, LeNet, 15 rounds of 2 local epochs (under 90 s on 2 cores).
     """
-    from fedbed.data import dataset_spec, resolve_data_root, with_found_domains
-    from fedbed.data.base import DataError
-    from fedbed.backends import BACKENDS, TransportError, check_before_running, run_on_backend
-    from fedbed.config import ConfigError, config_from_mapping, load_config_file, override_settings
+    from fedbed.backends import TransportError, check_backend_options, check_before_running, run_on_backend
+    from fedbed.config import ConfigError, load_config_file, override_settings, run_configs
     from fedbed.federation.engine import EngineError
     from fedbed.federation.evaluation import format_domain_table
 
     progress = progress and on_terminal()
     try:
-        if backend not in BACKENDS:
-            raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-        if backend != "in-process" and resume:
-            raise ConfigError(f"--resume works in-process only: on {backend} the client states live on the clients' nodes")
-        if tls and backend != "flower-deployment":
-            raise ConfigError("--tls applies to --backend flower-deployment only")
-        if overwrite and resume:
-            raise ConfigError("--overwrite deletes the run that --resume would continue; give one of them")
+        check_backend_options(backend, resume=resume, overwrite=overwrite, tls=tls)
         values = load_config_file(config) if config is not None else {}
         flags = {
             "dataset": dataset,
@@ -128,22 +119,15 @@ def run(
         values = override_settings(values, {k: v for k, v in flags.items() if v is not None})
         if hp:
             values["hp"] = {**values.get("hp", {}), **parse_hp(hp)}
-        targets = [values.get("target")]
-        if str(targets[0]).lower() == "all":
-            spec = dataset_spec(values.get("dataset", "RotatedMNIST"))
-            targets = list(with_found_domains(spec, resolve_data_root(values.get("data_root"))).domain_names)
-            if "run_dir" in values:
-                fail("--target all writes one run directory per target; drop --run-dir")
-        configs = [config_from_mapping({**values, "target": t}) for t in targets]
-        if len(configs) > 1:  # every target's run is checked before the first starts (run_on_backend checks one)
-            for each in configs:
-                check_before_running(each, backend, resume=resume, check_folder=not overwrite)
-    except (ConfigError, DataError) as error:
+        # Every target's run is checked (and validated, once) before the first starts.
+        runs = [check_before_running(each, backend, resume=resume, check_folder=not overwrite)
+                for each in run_configs(values)]
+    except ConfigError as error:
         fail(str(error))
-    for each in configs:
+    for each in runs:
         try:
-            options = {"tls": tls} if tls else {"resume": resume} if backend == "in-process" else {}
-            summary = run_on_backend(each, backend, overwrite=overwrite, progress=progress, echo=typer.echo, **options)
+            summary = run_on_backend(each, backend, overwrite=overwrite, resume=resume, tls=tls, progress=progress,
+                                     echo=typer.echo)
         except ConfigError as error:
             fail(str(error))
         except (EngineError, TransportError) as error:
@@ -154,7 +138,7 @@ def run(
         for key in ("note", "adaptation_note"):
             if key in summary["evaluation"]:
                 typer.echo(f"evaluation: {summary['evaluation'][key]}")
-        typer.echo(f"summary: {each.resolved_run_dir() / 'summary.json'}")
+        typer.echo(f"summary: {each.config.resolved_run_dir() / 'summary.json'}")
 
 
 @app.command("flower-app")
@@ -170,12 +154,12 @@ def flower_app(
 
     try:
         run = config_from_mapping(load_config_file(config))
-        validate(run)
+        validated = validate(run)
     except ConfigError as error:
         fail(str(error))
     if round_timeout <= 0:
         fail(f"--round-timeout must be positive, got {round_timeout}")
-    write_app(folder, run, round_timeout=round_timeout)
+    write_app(folder, validated, round_timeout=round_timeout)
     typer.echo(f"Flower App for {run.algorithm} on {run.dataset}, target {run.target}: {folder / 'pyproject.toml'}")
     typer.echo(f"submit it with: flwr run {folder} <federation> --stream")
 
@@ -377,7 +361,7 @@ def report(
     allow_mixed_data: Annotated[bool, typer.Option(help="Report runs that read different data together.")] = False,
 ) -> None:
     """Tables of one or more sweep folders: labels x targets, mean ± std or ± SE over seeds, paired t-tests."""
-    from fedbed.reporting import html_report, render_report, sweep_settings
+    from fedbed.reporting import render_report, write_html_report
 
     try:
         built = report_from_options(sweep_dirs, selection, spread, baseline, compare, target, label, per_seed,
@@ -395,14 +379,7 @@ def report(
     if html is not None:
         from fedbed.plots import plot_sweep
 
-        plots = html.parent / f"{html.stem}_plots" if len(sweep_dirs) > 1 else None
-        images = plot_sweep(sweep_dirs, built.selections[0], plots, built.runs)
-        title = ", ".join(folder.name for folder in sweep_dirs)
-        html.write_text(html_report(built.tables, images, f"FedBed report: {title} ({', '.join(built.selections)})",
-                                    [note for note in built.notes if not note.startswith("data: ")],  # in the settings
-                                    sweep_settings(built.summaries, [run.config for run in built.runs],
-                                                   ", ".join(built.selections))))
-        typer.echo(f"HTML report: {html}")
+        typer.echo(f"HTML report: {write_html_report(built, sweep_dirs, html, plot_sweep)}")
 
 
 def report_from_options(sweep_dirs, selection, spread, baseline, compare, target, label, per_seed, select_hparams,

@@ -2,14 +2,18 @@
 
 Every setting of ``fedbed run`` is a field of :class:`ExperimentConfig`; :func:`validate` checks
 every name in it (dataset, target, algorithm, hyperparameters, model, data root) before anything
-is loaded or written, and returns what it resolved so that building the run does not look the
-names up again.
+is loaded or written, once per run, and returns a :class:`ValidatedConfig` (the settings and
+what it resolved): building the run (:func:`fedbed.build.build_run`), the backends and the
+Flower apps take that and neither look the names up nor check them again. Settings sent to
+another process travel with the marker that they were validated (:func:`settings_digest`),
+and :func:`validated_settings` re-reads them there without validating them again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -412,24 +416,102 @@ def load_config_file(path: Path) -> dict[str, Any]:
     return values
 
 
-@dataclass(frozen=True)
-class ResolvedNames:
-    """What :func:`validate` looked up: the dataset's spec, the method, its hyperparameters (its
-    defaults, its paper's values for the dataset, then the config's), the data root and the
-    evaluation protocol (the config's, else the method's)."""
+_ISSUED = object()
+"""Held by every :class:`ValidatedConfig` made in this module: one is made by :func:`validate` (or
+rebuilt by :func:`validated_settings` from settings :func:`validate` passed elsewhere), never by hand."""
 
+
+@dataclass(frozen=True)
+class ValidatedConfig:
+    """Settings that passed :func:`validate`, with what it looked up: the run's settings
+    (``config``), the dataset's spec, the method, its hyperparameters (its defaults, its paper's
+    values for the dataset, then the config's), the data root and the evaluation protocol (the
+    config's, else the method's).
+
+    Made only by :func:`validate` (or :func:`validated_settings`, for settings validated in
+    another process); :func:`fedbed.build.build_run`, :func:`fedbed.backends.run_on_backend` and
+    the Flower apps take one and never validate again, so a run validates its settings once.
+
+    Raises:
+        TypeError: made otherwise than by this module.
+    """
+
+    config: ExperimentConfig
     dataset: DatasetSpec
     algorithm: Algorithm
     hparams: Hyperparameters
     data_root: Path | None
     evaluation_protocol: str = "argmax"
+    _issuer: object = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self._issuer is not _ISSUED:
+            raise TypeError("a ValidatedConfig is made by fedbed.config.validate only")
+
+    @property
+    def digest(self) -> str:
+        """The marker that these settings were validated (:func:`settings_digest` of ``config``),
+        sent with them to another process (a Flower app) so that it does not validate them again."""
+        return settings_digest(self.config)
+
+    def with_run_dir(self, run_dir: Path) -> "ValidatedConfig":
+        """The same validated run writing to ``run_dir`` (where a run writes is checked with its
+        folder, :func:`fedbed.backends.check_before_running`, not by :func:`validate`)."""
+        return replace(self, config=self.config.model_copy(update={"run_dir": run_dir}))
+
+    def with_absolute_paths(self) -> "ValidatedConfig":
+        """The same validated run with absolute paths (run directory, data root, pretrained
+        weights): Flower's apps may run in another working directory. The paths name the same
+        files, so nothing validated changes."""
+        config = self.config
+        updates: dict[str, Any] = {"run_dir": config.resolved_run_dir().resolve()}
+        if config.data_root is not None:
+            updates["data_root"] = config.data_root.resolve()
+        if config.pretrained_weights is not None:
+            updates["pretrained_weights"] = config.pretrained_weights.resolve()
+        return replace(self, config=config.model_copy(update=updates),
+                       data_root=self.data_root.resolve() if self.data_root is not None else None)
 
 
-def validate(config: ExperimentConfig) -> ResolvedNames:
-    """Check every name in ``config`` before anything is loaded or written.
+def settings_digest(config: ExperimentConfig) -> str:
+    """A SHA-256 of ``config``'s settings (canonical JSON): what :attr:`ValidatedConfig.digest`
+    sends along with validated settings, and what :func:`validated_settings` compares. It marks
+    settings as validated, it does not authenticate them: whoever submits a run chooses its
+    settings anyway."""
+    canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _dataset_of(config: ExperimentConfig) -> tuple[DatasetSpec, Path | None]:
+    """The dataset's spec of ``config`` (narrowed to the domains under the data root) and the data root.
+
+    Raises:
+        DataError: a dataset or data root that cannot be found.
+    """
+    declared = config.declared_names()
+    spec = dataset_spec(config.dataset, declared[0] or None if declared else None)
+    data_root = resolve_data_root(config.data_root)
+    return with_found_domains(spec, data_root), data_root  # Digits: the domains under the data root
+
+
+def _method_of(config: ExperimentConfig, spec: DatasetSpec) -> tuple[Algorithm, Hyperparameters]:
+    """The method of ``config`` and its hyperparameters on ``spec``'s dataset.
+
+    Raises:
+        AlgorithmError: an unknown method or hyperparameter.
+    """
+    algorithm = get_algorithm(config.algorithm)
+    # A paper's per-dataset values apply to the dataset it names, not to a folder that happens to share its name.
+    return algorithm, resolve_hyperparameters(algorithm, config.hp, spec.name if spec.path is None else None)
+
+
+def validate(config: ExperimentConfig) -> ValidatedConfig:
+    """Check every name in ``config`` before anything is loaded or written: the one validation
+    of a run (:class:`ValidatedConfig` carries the result to everything that builds or runs it).
 
     Returns:
-        The resolved names, for building the run without looking them up again.
+        The validated settings and the names resolved, for building the run without looking
+        them up or checking them again.
 
     Raises:
         ConfigError: unknown dataset, target domain, algorithm, hyperparameter or model, a
@@ -438,9 +520,7 @@ def validate(config: ExperimentConfig) -> ResolvedNames:
     """
     declared = config.declared_names()
     try:
-        spec = dataset_spec(config.dataset, declared[0] or None if declared else None)
-        data_root = resolve_data_root(config.data_root)
-        spec = with_found_domains(spec, data_root)  # Digits: the domains under the data root
+        spec, data_root = _dataset_of(config)
         if config.target is None:
             raise ConfigError(f"{spec.name} has no default target domain; give one (--target or target:) of "
                               f"{', '.join(spec.domain_names)}")
@@ -448,9 +528,7 @@ def validate(config: ExperimentConfig) -> ResolvedNames:
             raise ConfigError(
                 f"{spec.name} has no domain {config.target!r}; its domains are {', '.join(spec.domain_names)}"
             )
-        algorithm = get_algorithm(config.algorithm)
-        # A paper's per-dataset values apply to the dataset it names, not to a folder that happens to share its name.
-        hparams = resolve_hyperparameters(algorithm, config.hp, spec.name if spec.path is None else None)
+        algorithm, hparams = _method_of(config, spec)
     except (DataError, AlgorithmError) as error:
         raise ConfigError(str(error)) from None
     if declared is not None:
@@ -466,7 +544,62 @@ def validate(config: ExperimentConfig) -> ResolvedNames:
     if config.linear_probe is not None and evaluation_protocol != "linear_probe":
         raise ConfigError("linear_probe settings apply to evaluation_protocol: linear_probe only")
     check_server_options(config, algorithm, number_of_clients(config, len(spec.domain_names) - 1, algorithm.pooled))
-    return ResolvedNames(spec, algorithm, hparams, data_root, evaluation_protocol)
+    return ValidatedConfig(config, spec, algorithm, hparams, data_root, evaluation_protocol, _ISSUED)
+
+
+def as_validated(config: ExperimentConfig | ValidatedConfig) -> ValidatedConfig:
+    """``config`` itself when it is already validated, else :func:`validate` of it: for the
+    entry points that accept either (the Python API), so that each run validates once.
+
+    Raises:
+        ConfigError: as :func:`validate`.
+    """
+    return config if isinstance(config, ValidatedConfig) else validate(config)
+
+
+def validated_settings(config: ExperimentConfig, digest: str | None) -> ValidatedConfig:
+    """Settings received from the process that validated them (a Flower ServerApp or ClientApp,
+    possibly on another machine): when ``digest`` is their :func:`settings_digest` (they are the
+    settings :func:`validate` passed there, unchanged), their names are looked up for building
+    the run (dataset spec, this machine's data root, method, hyperparameters) and nothing is
+    checked or refused again; otherwise (no digest: an app written by hand; another digest: a
+    setting overridden after validation, ``flwr run --run-config``) they are validated here,
+    their only validation.
+
+    Raises:
+        ConfigError: settings that fail :func:`validate`, or names this machine cannot look up
+            (its data root missing, a dataset path not there).
+    """
+    if digest is None or digest != settings_digest(config):
+        return validate(config)
+    try:
+        spec, data_root = _dataset_of(config)
+        algorithm, hparams = _method_of(config, spec)
+    except (DataError, AlgorithmError) as error:
+        raise ConfigError(str(error)) from None
+    return ValidatedConfig(config, spec, algorithm, hparams, data_root,
+                           config.evaluation_protocol or algorithm.evaluation_protocol, _ISSUED)
+
+
+def run_configs(values: dict[str, Any]) -> list[ExperimentConfig]:
+    """The runs of one set of settings (a config file with flags over it): one, or with
+    ``target: all`` one per domain of the dataset (those found under the data root for a
+    dataset made of the domains present, :func:`fedbed.data.with_found_domains`).
+
+    Raises:
+        ConfigError: an invalid setting, a dataset that cannot be looked up for ``target: all``,
+            or ``target: all`` with a ``run_dir`` (each target needs its own).
+    """
+    targets = [values.get("target")]
+    if str(targets[0]).lower() == "all":
+        try:
+            spec = dataset_spec(values.get("dataset", "RotatedMNIST"))
+            targets = list(with_found_domains(spec, resolve_data_root(values.get("data_root"))).domain_names)
+        except DataError as error:
+            raise ConfigError(str(error)) from None
+        if "run_dir" in values:
+            raise ConfigError("--target all writes one run directory per target; drop --run-dir")
+    return [config_from_mapping({**values, "target": target}) for target in targets]
 
 
 def check_spread_data(config: ExperimentConfig, spec: DatasetSpec, algorithm: Algorithm) -> None:

@@ -23,6 +23,7 @@ from fedbed.config import (
     RESUMABLE_CHANGES,
     ConfigError,
     ExperimentConfig,
+    ValidatedConfig,
     config_from_mapping,
     load_config_file,
     validate,
@@ -56,6 +57,7 @@ __all__ = [
     "RESUMABLE_CHANGES",
     "RestoredRun",
     "SUMMARY_NAME",
+    "ValidatedConfig",
     "build_run",
     "check_run_dir",
     "config_from_mapping",
@@ -206,7 +208,7 @@ def restore_run(run_dir: Path, data_root: Path | None = None) -> RestoredRun:
     return RestoredRun(built, federation.strategy.global_model(), checkpoint_round)
 
 
-def run_experiment(config: ExperimentConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
+def run_experiment(config: ExperimentConfig | ValidatedConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
                    echo=print) -> RunResult:
     """Train and evaluate one leave-one-domain-out run in this process; write its run directory;
     return it as data (:class:`fedbed.run_result.RunResult`: the settings, the summary, which it
@@ -214,6 +216,10 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, overwrite:
 
     An earlier run in the run directory with other settings is refused unless ``overwrite``
     (:func:`check_run_dir`); with ``overwrite`` it is deleted first.
+
+    ``config`` is validated once (:func:`fedbed.config.validate`, by :func:`build_run`), or not
+    at all when it is already a :class:`~fedbed.config.ValidatedConfig`
+    (:func:`fedbed.backends.run_on_backend` hands one).
 
     The run directory holds ``config.yaml`` (resolved), ``rounds.jsonl`` (one line per round),
     ``checkpoint.pt`` (latest round), ``provenance.jsonl`` (the code that started and each time
@@ -232,14 +238,15 @@ def run_experiment(config: ExperimentConfig, *, resume: bool = False, overwrite:
     """
     built = build_run(config)
     built.require_every_domain()
+    run_dir = built.config.resolved_run_dir()
     if overwrite and not resume:
-        remove_run(config.resolved_run_dir())
+        remove_run(run_dir)
     clients = InProcessClients(built.trainer(), [built.client_data(k) for k in range(len(built.partitions))])
-    if config.id_evaluation == "clients":
+    if built.config.id_evaluation == "clients":
         clients.evaluator = built.evaluator()
         clients.holdouts = [built.client_holdout(k) for k in range(len(built.partitions))]
     execute_run(built, built.federation(clients), resume=resume, progress=progress, echo=echo)
-    return load_run(config.resolved_run_dir())
+    return load_run(run_dir)
 
 
 def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False, progress: bool = True, echo=print,

@@ -11,7 +11,7 @@ across folders, so a comparison needs no job copied between folders.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -591,3 +591,23 @@ def html_report(tables: dict[str, list[list[str]]], images: list[Path], title: s
         parts.append(f"<h3>{heading}</h3><img alt='{heading}' src='data:image/png;base64,{encoded}'>")
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def write_html_report(report: Report, sweep_dirs: Sequence[Path], path: Path,
+                      plot: Callable[[Sequence[Path], str, Path | None, list[FinishedRun]], list[Path]]) -> Path:
+    """Write ``fedbed report --html``'s page for ``report`` of ``sweep_dirs`` to ``path``: the
+    plots of its first selection rule (``plot``, :func:`fedbed.plots.plot_sweep`: into the
+    folder's ``plots/``, or for several folders beside the page, ``<name>_plots/``), the settings
+    block (:func:`sweep_settings`), the notes other than the data lines (the settings give the
+    data) and the tables (:func:`html_report`); return ``path``.
+
+    ``plot`` is passed in: :mod:`fedbed.plots` imports this module, which does not import it back.
+    """
+    plots = path.parent / f"{path.stem}_plots" if len(sweep_dirs) > 1 else None
+    images = plot(sweep_dirs, report.selections[0], plots, report.runs)
+    title = ", ".join(folder.name for folder in sweep_dirs)
+    selections = ", ".join(report.selections)
+    path.write_text(html_report(report.tables, images, f"FedBed report: {title} ({selections})",
+                                [note for note in report.notes if not note.startswith("data: ")],
+                                sweep_settings(report.summaries, [run.config for run in report.runs], selections)))
+    return path

@@ -17,7 +17,13 @@ metrics (:mod:`fedbed.flower.records`).
 
 The experiment config reaches the apps as JSON: through a closure for the simulation engine
 (:func:`make_apps`), through the run config keys ``fedbed.<setting>`` for ``flwr run``
-(the module-level ``server_app`` and ``client_app``).
+(the module-level ``server_app`` and ``client_app``). The settings travel already validated: the
+process that submits the run validated them once (:func:`fedbed.config.validate`), and they
+carry its marker, their digest (:attr:`fedbed.config.ValidatedConfig.digest`; the run config key
+:data:`VALIDATED_KEY`). Each app process, on this machine or another, parses them and, when the
+digest matches, only looks up what building the run needs (dataset spec, its own data root,
+method, hyperparameters: :func:`fedbed.config.validated_settings`), refusing nothing again;
+settings without the marker or changed after validation (``flwr run --run-config``) are validated there.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedbed.build import BuiltRun, build_run
-from fedbed.config import ExperimentConfig, config_from_mapping
+from fedbed.config import ExperimentConfig, ValidatedConfig, config_from_mapping, validated_settings
 from fedbed.experiment import execute_run
 from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.transport import ClientTransport, fit_client
@@ -49,6 +55,9 @@ BACKEND_KEY = "fedbed-backend"
 """Run-config key naming the backend in the run's summary."""
 ROUND_TIMEOUT_KEY = "fedbed-round-timeout"
 """Run-config key: seconds to wait for a round's replies before dropping the silent clients."""
+VALIDATED_KEY = "fedbed-validated"
+"""Run-config key: the digest of the settings that were validated where the run was submitted
+(:attr:`fedbed.config.ValidatedConfig.digest`), so that the apps do not validate them again."""
 STATE_RECORD = "fedbed-client-state"
 POLL_SECONDS = 0.1
 """How often the server asks the SuperLink for replies."""
@@ -56,36 +65,42 @@ PARTITION_ID = "partition-id"
 
 
 @functools.lru_cache(maxsize=2)
-def cached_run(config_json: str) -> BuiltRun:
+def cached_run(config_json: str, digest: str | None = None) -> BuiltRun:
     """The run of an experiment config (JSON), built once per process (building loads the
     dataset): Flower's simulation engine keeps its ClientApp actors alive across rounds, so they
     build it once; a deployed SuperNode starts a new ClientApp process for every message (Flower's
     subprocess isolation), which builds it again.
 
+    Args:
+        config_json: the settings.
+        digest: the marker that they were validated where the run was submitted
+            (:attr:`fedbed.config.ValidatedConfig.digest`): they are then not validated again
+            (:func:`fedbed.config.validated_settings`); ``None``: they are validated here.
+
     Raises:
         ConfigError: as :func:`fedbed.build.build_run`.
     """
-    return build_run(ExperimentConfig.model_validate_json(config_json))
+    return build_run(validated_settings(ExperimentConfig.model_validate_json(config_json), digest))
 
 
-def _checked_run(config_json: str, client: int) -> BuiltRun:
-    built = cached_run(config_json)
+def _checked_run(config_json: str, client: int, digest: str | None) -> BuiltRun:
+    built = cached_run(config_json, digest)
     if not 0 <= client < len(built.partitions):
         raise FlowerError(f"partition-id {client} is out of range: this run has {len(built.partitions)} clients (0..{len(built.partitions) - 1})")
     return built
 
 
 @functools.lru_cache(maxsize=8)
-def _client(config_json: str, client: int) -> tuple[Any, Any]:
+def _client(config_json: str, client: int, digest: str | None) -> tuple[Any, Any]:
     """The method's client half and the training data of one client, built once per process."""
-    built = _checked_run(config_json, client)
+    built = _checked_run(config_json, client, digest)
     return built.trainer(), built.client_data(client)
 
 
 @functools.lru_cache(maxsize=8)
-def _client_evaluation(config_json: str, client: int) -> tuple[Any, Any]:
+def _client_evaluation(config_json: str, client: int, digest: str | None) -> tuple[Any, Any]:
     """The client half of id evaluation and one client's holdout share, built once per process."""
-    built = _checked_run(config_json, client)
+    built = _checked_run(config_json, client, digest)
     return built.evaluator(), built.client_holdout(client)
 
 
@@ -113,27 +128,29 @@ def _save_state(context: Context, state: dict[str, Any]) -> None:
     context.state[STATE_RECORD] = ConfigRecord({"state": buffer.getvalue()})
 
 
-def client_train(message: Message, context: Context, config_json: str) -> Message:
-    """One round of local training on this node (Flower's ``train`` message).
+def client_train(message: Message, context: Context, config_json: str, digest: str | None = None) -> Message:
+    """One round of local training on this node (Flower's ``train`` message); ``digest`` as
+    :func:`cached_run`'s.
 
     The reply carries the trained arrays and the metrics (``num_examples`` among them) and
     nothing else; the client's persistent state stays in ``context.state``.
     """
     client = client_id_of(context)
-    trainer, data = _client(config_json, client)
+    trainer, data = _client(config_json, client, digest)
     state = _load_state(context)
     reply = fit_client(trainer, payload_from_records(message.content), data, state)
     _save_state(context, state)
     return Message(reply_to_records(reply), reply_to=message)
 
 
-def client_evaluate(message: Message, context: Context, config_json: str) -> Message:
-    """Score the received models on this node's id-holdout share (Flower's ``evaluate`` message).
+def client_evaluate(message: Message, context: Context, config_json: str, digest: str | None = None) -> Message:
+    """Score the received models on this node's id-holdout share (Flower's ``evaluate`` message;
+    ``digest`` as :func:`cached_run`'s).
 
     The reply carries sums only (sample and correct counts per model and domain; see
     :func:`fedbed.federation.evaluation.metric_statistics`), never samples or predictions.
     """
-    evaluator, holdout = _client_evaluation(config_json, client_id_of(context))
+    evaluator, holdout = _client_evaluation(config_json, client_id_of(context), digest)
     return Message(reply_to_records(evaluator.evaluate(payload_from_records(message.content), holdout)), reply_to=message)
 
 
@@ -232,32 +249,35 @@ class FlowerClients(ClientTransport):
 
 
 def server_main(grid: Grid, config_json: str, backend: str, progress: bool = False, echo: Callable[..., Any] = print,
-                round_timeout: float = 3600.0) -> dict[str, Any]:
-    """The ServerApp's body: build the run, reach its clients through ``grid``, run the rounds,
-    write the run directory; return the summary (as :func:`fedbed.experiment.run_experiment`)."""
-    built = cached_run(config_json)
+                round_timeout: float = 3600.0, digest: str | None = None) -> dict[str, Any]:
+    """The ServerApp's body: build the run (``digest`` as :func:`cached_run`'s), reach its clients
+    through ``grid``, run the rounds, write the run directory; return the summary (as
+    :func:`fedbed.experiment.run_experiment`)."""
+    built = cached_run(config_json, digest)
     clients = FlowerClients(grid, len(built.partitions), round_timeout=round_timeout)
     return execute_run(built, built.federation(clients), progress=progress, echo=echo, backend=backend)
 
 
-def make_apps(config: ExperimentConfig, backend: str, outcome: dict[str, Any], progress: bool = False,
+def make_apps(validated: ValidatedConfig, backend: str, outcome: dict[str, Any], progress: bool = False,
               echo: Callable[..., Any] = print) -> tuple[ServerApp, ClientApp]:
-    """A ServerApp and a ClientApp for one run, the config captured by closure (for Flower's
-    simulation engine); the ServerApp puts the summary into ``outcome["summary"]``."""
-    config_json = config.model_dump_json()
+    """A ServerApp and a ClientApp for one run, its validated settings captured by closure (as
+    JSON with their digest, for Flower's simulation engine, whose client actors are other
+    processes: they do not validate them again); the ServerApp puts the summary into
+    ``outcome["summary"]``."""
+    config_json, digest = validated.config.model_dump_json(), validated.digest
     server, client = ServerApp(), ClientApp()
 
     @server.main()
     def _main(grid: Grid, context: Context) -> None:
-        outcome["summary"] = server_main(grid, config_json, backend, progress, echo)
+        outcome["summary"] = server_main(grid, config_json, backend, progress, echo, digest=digest)
 
     @client.train()
     def _train(message: Message, context: Context) -> Message:
-        return client_train(message, context, config_json)
+        return client_train(message, context, config_json, digest)
 
     @client.evaluate()
     def _evaluate(message: Message, context: Context) -> Message:
-        return client_evaluate(message, context, config_json)
+        return client_evaluate(message, context, config_json, digest)
 
     client.query()(client_query)
     return server, client
@@ -291,7 +311,8 @@ def settings_as_run_config(config: ExperimentConfig) -> dict[str, Any]:
 def config_json_from_run_config(run_config: dict[str, Any]) -> str:
     """The experiment config (as JSON, the key of :func:`cached_run`) rebuilt from the run
     config's ``fedbed.*`` entries (:func:`settings_as_run_config`, with any ``--run-config``
-    override applied), validated.
+    override applied), parsed (:class:`~fedbed.config.ExperimentConfig`'s own checks of each
+    setting; :func:`fedbed.config.validate` is :func:`cached_run`'s, when the digest does not match).
 
     Raises:
         fedbed.config.ConfigError: an invalid setting.
@@ -308,21 +329,29 @@ def config_json_from_run_config(run_config: dict[str, Any]) -> str:
     return config_from_mapping(settings).model_dump_json()
 
 
+def digest_of_run_config(run_config: dict[str, Any]) -> str | None:
+    """The digest of the validated settings the run config carries (:data:`VALIDATED_KEY`), if any."""
+    digest = run_config.get(VALIDATED_KEY)
+    return None if digest is None else str(digest)
+
+
 @server_app.main()
 def _deployed_main(grid: Grid, context: Context) -> None:
-    server_main(grid, config_json_from_run_config(dict(context.run_config)),
-                str(context.run_config.get(BACKEND_KEY, "flower-deployment")),
-                round_timeout=float(context.run_config.get(ROUND_TIMEOUT_KEY, 3600.0)))
+    run_config = dict(context.run_config)
+    server_main(grid, config_json_from_run_config(run_config), str(run_config.get(BACKEND_KEY, "flower-deployment")),
+                round_timeout=float(run_config.get(ROUND_TIMEOUT_KEY, 3600.0)), digest=digest_of_run_config(run_config))
 
 
 @client_app.train()
 def _deployed_train(message: Message, context: Context) -> Message:
-    return client_train(message, context, config_json_from_run_config(dict(context.run_config)))
+    run_config = dict(context.run_config)
+    return client_train(message, context, config_json_from_run_config(run_config), digest_of_run_config(run_config))
 
 
 @client_app.evaluate()
 def _deployed_evaluate(message: Message, context: Context) -> Message:
-    return client_evaluate(message, context, config_json_from_run_config(dict(context.run_config)))
+    run_config = dict(context.run_config)
+    return client_evaluate(message, context, config_json_from_run_config(run_config), digest_of_run_config(run_config))
 
 
 client_app.query()(client_query)

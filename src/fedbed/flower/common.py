@@ -1,11 +1,9 @@
-"""What every part of FedBed's Flower support shares: its error, the offline environment of every
-Flower process, and absolute paths for apps that run in another working directory."""
+"""What every part of FedBed's Flower support shares: its error and the offline environment of
+every Flower process. (Absolute paths for apps that run in another working directory:
+:meth:`fedbed.config.ValidatedConfig.with_absolute_paths`.)"""
 
 from __future__ import annotations
 
-from typing import Any
-
-from fedbed.config import ExperimentConfig
 from fedbed.federation.transport import TransportError
 
 
@@ -26,12 +24,3 @@ OFFLINE_ENVIRONMENT = {
 """Environment for every Flower process: no telemetry, no update check, no installs at run time,
 no warning a FedBed user cannot act on."""
 
-
-def with_absolute_paths(config: ExperimentConfig) -> ExperimentConfig:
-    """The config with absolute paths: Flower's apps may run in another working directory."""
-    updates: dict[str, Any] = {"run_dir": config.resolved_run_dir().resolve()}
-    if config.data_root is not None:
-        updates["data_root"] = config.data_root.resolve()
-    if config.pretrained_weights is not None:
-        updates["pretrained_weights"] = config.pretrained_weights.resolve()
-    return config.model_copy(update=updates)

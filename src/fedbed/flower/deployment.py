@@ -24,9 +24,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from fedbed.config import ConfigError, ExperimentConfig, validate
-from fedbed.flower.apps import BACKEND_KEY, ROUND_TIMEOUT_KEY, cached_run, settings_as_run_config
-from fedbed.flower.common import OFFLINE_ENVIRONMENT, FlowerError, with_absolute_paths
+from fedbed.build import build_run
+from fedbed.config import ConfigError, ExperimentConfig, ValidatedConfig, as_validated
+from fedbed.flower.apps import BACKEND_KEY, ROUND_TIMEOUT_KEY, VALIDATED_KEY, settings_as_run_config
+from fedbed.flower.common import OFFLINE_ENVIRONMENT, FlowerError
 from fedbed.run_directory import FLOWER_LOGS, SUMMARY_NAME
 
 CONNECTION = "fedbed"
@@ -100,13 +101,21 @@ def toml_value(value: Any) -> str:
     raise TypeError(f"a Flower run config holds strings, numbers and booleans, not {type(value).__name__}: {value!r}")
 
 
-def write_app(folder: Path, config: ExperimentConfig, backend: str = "flower-deployment", round_timeout: float = 3600.0) -> Path:
+def write_app(folder: Path, config: ExperimentConfig | ValidatedConfig, backend: str = "flower-deployment",
+              round_timeout: float = 3600.0) -> Path:
     """A Flower App folder (``pyproject.toml`` only) whose components are FedBed's apps and whose
     run config carries each setting of ``config`` as its own key (``fedbed.<setting>``,
     :func:`fedbed.flower.apps.settings_as_run_config`; ``flwr run --run-config`` overrides one),
-    the backend and the round timeout in seconds (a client silent for that long is dropped from
-    the round); ``flwr run FOLDER`` submits it."""
-    config = with_absolute_paths(config)
+    the marker that they were validated (their digest, :data:`fedbed.flower.apps.VALIDATED_KEY`:
+    the apps do not validate them again unless a setting was overridden), the backend and the
+    round timeout in seconds (a client silent for that long is dropped from the round);
+    ``flwr run FOLDER`` submits it.
+
+    Raises:
+        ConfigError: ``config`` is not validated yet and fails :func:`fedbed.config.validate`.
+    """
+    validated = as_validated(config).with_absolute_paths()
+    config = validated.config
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "pyproject.toml").write_text(
         "[build-system]\nrequires = [\"hatchling\"]\nbuild-backend = \"hatchling.build\"\n\n"
@@ -117,7 +126,8 @@ def write_app(folder: Path, config: ExperimentConfig, backend: str = "flower-dep
         "clientapp = \"fedbed.flower.apps:client_app\"\n\n"
         "[tool.flwr.app.config]\n"
         + "".join(f"{toml_key(key)} = {toml_value(value)}\n" for key, value in settings_as_run_config(config).items())
-        + f"{BACKEND_KEY} = \"{backend}\"\n"
+        + f"{VALIDATED_KEY} = \"{validated.digest}\"\n"
+        f"{BACKEND_KEY} = \"{backend}\"\n"
         f"{ROUND_TIMEOUT_KEY} = {float(round_timeout)}\n"
     )
     return folder
@@ -251,7 +261,7 @@ def local_federation(num_clients: int, work_dir: Path, tls: bool = False, data_r
         processes.stop_all()
 
 
-def run_flower_deployment(config: ExperimentConfig, *, tls: bool = False, progress: bool = False,
+def run_flower_deployment(config: ExperimentConfig | ValidatedConfig, *, tls: bool = False, progress: bool = False,
                           echo: Callable[..., Any] = print, work_dir: Path | None = None,
                           timeout: float = 86400.0, round_timeout: float = 3600.0,
                           site_data_roots: list[Path] | None = None) -> dict[str, Any]:
@@ -259,6 +269,11 @@ def run_flower_deployment(config: ExperimentConfig, *, tls: bool = False, progre
     client on 127.0.0.1), streaming the ServerApp's log; return the run's summary.
 
     Args:
+        config: the run: validated settings (:func:`fedbed.config.validate`, as
+            :func:`fedbed.backends.run_on_backend` hands them), or a config, validated here. They
+            reach the ServerApp and the ClientApps (other processes, possibly on other machines)
+            with their digest, so that those do not validate them again
+            (:func:`fedbed.config.validated_settings`).
         site_data_roots: per client, the data root its SuperNode reads (``$FEDBED_DATA``), as
             sites on other machines would, e.g. each holding only its own domain (data spread
             over machines: ``domain_names`` / ``class_names``); the server reads this process's
@@ -271,9 +286,9 @@ def run_flower_deployment(config: ExperimentConfig, *, tls: bool = False, progre
             copied into ``<run_dir>/flower-logs`` (:func:`keep_logs`), which the message names,
             with the last lines of the failing log.
     """
-    validate(config)
-    config = with_absolute_paths(config)
-    num_clients = len(cached_run(config.model_dump_json()).partitions)
+    validated = as_validated(config).with_absolute_paths()
+    config = validated.config
+    num_clients = len(build_run(validated).partitions)
     if site_data_roots is not None and (config.data_root is not None or len(site_data_roots) != num_clients):
         raise ConfigError(f"site_data_roots needs one data root per client ({num_clients}) and no data_root in the config "
                           "(each process reads its own $FEDBED_DATA)")
@@ -282,7 +297,7 @@ def run_flower_deployment(config: ExperimentConfig, *, tls: bool = False, progre
     with contextlib.ExitStack() as stack:
         if work_dir is None:
             work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedbed-flower-")))
-        app = write_app(work_dir / "app", config, round_timeout=round_timeout)
+        app = write_app(work_dir / "app", validated, round_timeout=round_timeout)
         try:
             return _deploy(config, app, num_clients, work_dir, tls, progress, echo, timeout, summary_path,
                            site_data_roots)

@@ -7,8 +7,8 @@ import logging
 import os
 from typing import Any, Callable
 
-from fedbed.config import ExperimentConfig, validate
-from fedbed.flower.common import OFFLINE_ENVIRONMENT, FlowerError, with_absolute_paths
+from fedbed.config import ExperimentConfig, ValidatedConfig, as_validated
+from fedbed.flower.common import OFFLINE_ENVIRONMENT, FlowerError
 
 
 def _run_simulation_notice(record: logging.LogRecord) -> bool:
@@ -18,13 +18,15 @@ def _run_simulation_notice(record: logging.LogRecord) -> bool:
     return "`run_simulation` function is deprecated" not in record.getMessage()
 
 
-def run_flower_simulation(config: ExperimentConfig, *, progress: bool = False, echo: Callable[..., Any] = print,
+def run_flower_simulation(config: ExperimentConfig | ValidatedConfig, *, progress: bool = False, echo: Callable[..., Any] = print,
                           cpus: int | None = None) -> dict[str, Any]:
     """Run ``config`` on Flower's simulation engine (Ray): one virtual SuperNode per client,
     one CPU per client actor; return the summary (as :func:`fedbed.experiment.run_experiment`).
 
     Args:
-        config: the run.
+        config: the run: validated settings (:func:`fedbed.config.validate`, as
+            :func:`fedbed.backends.run_on_backend` hands them), or a config, validated here; the
+            apps receive them validated and do not validate them again.
         progress: show the engine's progress bar.
         echo: where one-line messages go.
         cpus: CPUs Ray may use (default: all cores); client actors = ``cpus`` (one CPU each).
@@ -33,18 +35,17 @@ def run_flower_simulation(config: ExperimentConfig, *, progress: bool = False, e
         ConfigError: invalid settings, or data spread over machines missing a domain here.
         fedbed.flower.common.FlowerError: the simulation ended without a result (the cause is chained).
     """
-    validate(config)
+    validated = as_validated(config).with_absolute_paths()
     os.environ.update(OFFLINE_ENVIRONMENT)
     from flwr.simulation import run_simulation
 
     from fedbed.flower.apps import cached_run, make_apps
 
-    config = with_absolute_paths(config)
-    built = cached_run(config.model_dump_json())
+    built = cached_run(validated.config.model_dump_json(), validated.digest)  # the ServerApp's, in this process
     built.require_every_domain()  # one machine: every simulated site reads this machine's data
     num_clients = len(built.partitions)
     outcome: dict[str, Any] = {}
-    server, client = make_apps(config, "flower-sim", outcome, progress=progress, echo=echo)
+    server, client = make_apps(validated, "flower-sim", outcome, progress=progress, echo=echo)
     cpus = cpus or os.cpu_count() or 1
     backend_config = {
         "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
