@@ -21,6 +21,14 @@ def array_bytes(arrays: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in arrays.values())
 
 
+FIT_SECONDS = "fit_seconds"
+"""The reply metric :func:`fedbed.federation.transport.fit_client` adds: wall-clock seconds of the client's ``fit``, which
+the engine compares with the run's ``client_timeout``."""
+
+CLIPPING_NORM = "clipping_norm"
+"""The payload config key of client-side fixed clipping: when present, :func:`fedbed.federation.transport.fit_client` clips
+the reply's update to this L2 norm before it leaves the client (Flower's ``fixedclipping_mod``)."""
+
 @dataclass
 class Payload:
     """What the server sends one client for one round.

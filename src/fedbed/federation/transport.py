@@ -21,7 +21,7 @@ import torch
 from fedbed.federation.arrays import clip_update
 from fedbed.federation.client_evaluation import ClientEvaluator
 from fedbed.federation.local_data import ClientData
-from fedbed.federation.messages import Payload, Reply
+from fedbed.federation.messages import CLIPPING_NORM, FIT_SECONDS, Payload, Reply
 from fedbed.federation.strategy import ClientTrainer
 
 
@@ -30,13 +30,6 @@ class TransportError(RuntimeError):
     process failed); the message says what failed and where its log is."""
 
 
-FIT_SECONDS = "fit_seconds"
-"""The reply metric :func:`fit_client` adds: wall-clock seconds of the client's ``fit``, which
-the engine compares with the run's ``client_timeout``."""
-
-CLIPPING_NORM = "clipping_norm"
-"""The payload config key of client-side fixed clipping: when present, :func:`fit_client` clips
-the reply's update to this L2 norm before it leaves the client (Flower's ``fixedclipping_mod``)."""
 
 
 def fit_client(trainer: ClientTrainer, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:

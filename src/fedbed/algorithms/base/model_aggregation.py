@@ -19,9 +19,15 @@ import torch
 from torch import nn
 
 from fedbed.federation.arrays import clone_arrays, weighted_average
-from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary, Scalar
+from fedbed.federation.messages import (
+    FIT_SECONDS,
+    ClientInfo,
+    Payload,
+    Reply,
+    RoundSummary,
+    Scalar,
+)
 from fedbed.federation.strategy import ServerStrategy
-from fedbed.federation.transport import FIT_SECONDS
 from fedbed.seeding import seeded_generator
 
 MODEL_AGGREGATION_PURPOSE = 37

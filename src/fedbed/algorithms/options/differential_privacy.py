@@ -41,8 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedbed.algorithms.base.model_aggregation import ClientModels, ModelAggregation
 from fedbed.federation.arrays import clip_to_norm, flatten, floating_keys, unflatten
-from fedbed.federation.messages import Scalar
-from fedbed.federation.transport import CLIPPING_NORM
+from fedbed.federation.messages import CLIPPING_NORM, Scalar
 
 CLIPPING_SITES = ("server", "client")
 """Where the updates are clipped (see the module docstring)."""
