@@ -199,3 +199,66 @@ def test_the_settings_import_no_engine_transport_or_run_module():
     # Nor through the modules they import (config reads the methods' registry and options).
     indirect = RUN_MODULES
     assert sorted(m for m in reached if any(m == r or m.startswith(r + ".") for r in indirect)) == []
+
+
+METHODS_PACKAGE = PACKAGE_ROOT / "algorithms"
+SEAM_PACKAGES = ("base", "options")
+METHOD_FILE_LINES = 310
+"""A method file's length: about 300 lines at most (docs/architecture.md, "Adding a method")."""
+LONGER_METHOD_FILES = {"fedadg.py": 400, "mcgdm.py": 405, "fedgala.py": 365}
+"""Method files still over :data:`METHOD_FILE_LINES` (mostly their papers' readings in docstrings),
+each held at its length until it is split; none may grow."""
+
+
+def method_files() -> list[Path]:
+    return sorted(path for path in METHODS_PACKAGE.glob("*.py") if path.name != "__init__.py")
+
+
+def test_no_method_file_defines_fit():
+    """A method writes hooks, never a client's whole round (``LocalTrainer.fit``)."""
+    offenders = [f"{path.name}:{node.name}" for path in method_files() for cls in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(cls, ast.ClassDef) for node in cls.body
+                 if isinstance(node, ast.FunctionDef) and node.name == "fit"]
+    assert not offenders, f"method files that override fit (write hooks of LocalTrainer instead): {offenders}"
+
+
+def test_method_files_stay_small():
+    lengths = {path.name: len(path.read_text().splitlines()) for path in method_files()}
+    too_long = {name: length for name, length in lengths.items()
+                if length > LONGER_METHOD_FILES.get(name, METHOD_FILE_LINES)}
+    assert not too_long, f"method files over {METHOD_FILE_LINES} lines (move shared code to algorithms/base): {too_long}"
+    assert all(lengths.get(name, 0) > METHOD_FILE_LINES for name in LONGER_METHOD_FILES), \
+        "a file of LONGER_METHOD_FILES is now short enough: remove it from the list"
+
+
+def test_the_seams_never_import_a_method():
+    graph = import_graph()
+    methods = {f"fedbed.algorithms.{path.stem}" for path in method_files()}
+    seams = [name for name in graph if any(name.startswith(f"fedbed.algorithms.{package}") for package in SEAM_PACKAGES)]
+    assert seams
+    offenders = {name: sorted(graph[name] & methods) for name in seams if graph[name] & methods}
+    assert not offenders, f"seams that import a method: {offenders}"
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for other in graph[todo.pop()] - seen:
+            seen.add(other)
+            todo.append(other)
+    return seen
+
+
+def test_the_round_loop_never_imports_a_method():
+    imported = reachable(import_graph(), "fedbed.federation.engine")
+    assert not {name for name in imported if name.startswith("fedbed.algorithms")}
+
+
+def test_the_architecture_diagram_names_every_layer_in_order():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    diagram = doc.split("```mermaid", 1)[1].split("```", 1)[0]
+    nodes = [line.strip() for line in diagram.splitlines() if '["' in line]
+    assert len(nodes) == len(LAYERS)
+    for node, layer in zip(nodes, LAYERS):
+        named = {module.removeprefix("fedbed.") for module in layer}
+        assert any(name in node for name in named), f"diagram node {node!r} names none of {sorted(layer)}"

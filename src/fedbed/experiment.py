@@ -227,7 +227,7 @@ def run_experiment(config: ExperimentConfig | ValidatedConfig, *, resume: bool =
     ``train_domain_val`` and ``oracle``, the last labelled as such; ``provenance`` repeats the
     starts; ``data_source`` and ``data_fingerprint`` say which data it read,
     :attr:`fedbed.data.DomainDataset.fingerprint`; ``faults``: the replies dropped and the rounds
-    that kept the previous model, :func:`fedbed.federation.engine.fault_summary`; ``privacy``
+    that kept the previous model, :func:`fedbed.federation.run_log.fault_summary`; ``privacy``
     under differential privacy: (ε, δ) after the run's rounds,
     :func:`fedbed.algorithms.options.differential_privacy.privacy_statement`).
 
