@@ -2,7 +2,7 @@
 
 Every method whose server averages the clients' models (FedAvg, FedProx, FedSR, FedADG, the
 self-supervised methods, Central) calls :meth:`ModelAggregation.aggregate` from
-:meth:`fedbed.algorithms.fedavg.FedAvgStrategy.combine`: the one seam where the run's server
+:meth:`FedAvgStrategy.combine` (below): the one seam where the run's server
 options plug in. The default is FedAvg's weighted average; robust aggregation
 (:mod:`fedbed.algorithms.options.robust_aggregation`) and client-level differential privacy
 (:mod:`fedbed.algorithms.options.differential_privacy`) replace it.

@@ -1,5 +1,7 @@
 """Federated self-supervised learning: the client machinery shared by FedSimCLR, FedMoCo, FedBYOL,
-FedSimSiam, FedEMA (registered here) and FedGaLA (:mod:`fedbed.algorithms.fedgala`).
+FedSimSiam (registered in :mod:`fedbed.algorithms.self_supervised_baselines`), FedEMA
+(:mod:`fedbed.algorithms.fedema`) and FedGaLA (:mod:`fedbed.algorithms.fedgala`); the objectives are in
+:mod:`fedbed.algorithms.base.self_supervised_objectives`, their sources below.
 
 FedGaLA (``fedgala.md``) learns a representation from unlabelled clients and compares it with
 federated versions of four self-supervised objectives (Sec. 4 "Baselines", Table 1) and FedEMA
@@ -40,18 +42,8 @@ concatenated batch of 2B images, so BatchNorm sees both views, as in SimCLR's gl
   bottleneck predictor (hidden 512); the projector is the shared two-layer MLP of App. B.2
   rather than SimSiam's three-layer one.
 
-FedEMA (Zhuang, Wen, Zhang 2022, Sec. 4.2): BYOL clients that start each round from
-``μ W_k + (1 − μ) W_g`` instead of the global model W_g, where W_k is the client's own model of
-its last round and ``μ = min(λ_k ‖W_g − W_k‖, 1)``; the scaler λ_k = τ / ‖W_g − W_k‖ is fixed at
-the client's first round with a previous model (its second participation), so μ = τ then
-(τ = 0.7, FedEMA's default). The divergence is the L2 norm of the flattened difference of the
-online encoder's parameters (the featurizer's: the paper's W is the encoder; BatchNorm buffers
-left out), as the Plato reimplementation measures it (the authors' EasyFL code measures the
-client's own drift over its last round instead). Unlike FedBYOL here, FedEMA's predictor is part
-of the model: it travels, is averaged by the server and mixed by the moving average, as in the
-authors' code (EasyFL ``applications/fedssl``: server and client). The moving average covers
-every floating-point array that travels (BatchNorm statistics included, as Plato; the authors'
-code takes the buffers from the global model). The target network stays on the client.
+FedEMA (Zhuang, Wen, Zhang 2022) is BYOL clients that start from a divergence-aware moving average
+of their own and the global model (:mod:`fedbed.algorithms.fedema`).
 
 Optimisers (App. B.3): FedSimCLR (and FedGaLA) Adam with learning rate 3e-3; FedMoCo SGD 0.025,
 FedBYOL, FedSimSiam and FedEMA SGD 0.03, all SGD with momentum 0.9 and weight decay 3e-4 (the
