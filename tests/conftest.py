@@ -1,4 +1,6 @@
-"""Shared fixtures: the real data beside the checkout (skipped with a reason when absent), tiny synthetic data."""
+"""Shared fixtures (the real data beside the checkout, skipped with a reason when absent; tiny
+synthetic data) and the ``slow`` marks of the quick loop. The helpers tests import are in
+``tests/helpers.py``."""
 
 from __future__ import annotations
 
@@ -7,16 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
-from fedbed.algorithms import get_algorithm
-from fedbed.algorithms.base.registry import AlgorithmContext, TrainingBudget
-from fedbed.data import partition_one_client_per_domain, split_leave_one_domain_out
 from fedbed.data.base import DomainDataset
-from fedbed.federation.engine import Federation, client_infos
-from fedbed.federation.local_data import ClientData
-from fedbed.federation.transport import InProcessClients
-from fedbed.models.networks import DomainClassifier
+from tests.helpers import make_dataset
 
 # pytest-xdist runs the suite in worker processes (``addopts`` in pyproject.toml). Their torch
 # threads, and those of the processes the tests start, share the cores rather than oversubscribe
@@ -28,6 +23,91 @@ if XDIST_WORKERS > 1:
 torch.set_num_threads(TORCH_THREADS)
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+# The tests the quick loop (``python -m pytest -q -m "not slow"``) leaves out: each was measured
+# > 2 s (``python -m pytest -q -n 2 --durations=0``, 2026-11-26, 2 cores shared with other jobs),
+# or belongs to a group the quick loop leaves out as a whole (processes of a local Flower
+# federation, signals sent to subprocesses, the headless browser, the benchmarks' smoke runs).
+# ``tests/test_x.py::name`` marks every parameter of a test, ``tests/test_x.py::name[id]`` one.
+# ``python -m pytest -q`` (CI) runs them all.
+SLOW_TESTS = {
+    # Flower: a local federation's processes, or the simulation
+    "tests/test_flower.py::test_same_results_in_process_and_on_flower",
+    "tests/test_flower.py::test_a_lost_supernode_is_dropped_and_the_rounds_go_on",
+    "tests/test_flower.py::test_the_script_by_its_full_path_without_the_environment_on_path_and_sigterm_leaves_nothing",
+    "tests/test_spread_data.py::test_a_deployment_whose_sites_each_hold_one_domain_equals_the_in_process_run",
+    "tests/test_faults.py::test_an_injected_fault_is_dropped_on_flower_by_the_same_engine_code",
+    # signals sent to subprocesses; other subprocesses importing the package
+    "tests/test_signals.py::test_a_signal_stops_an_in_process_run_which_resumes_from_its_checkpoint",
+    "tests/test_signals.py::test_sigterm_stops_a_sweep_and_its_workers",
+    "tests/test_architecture.py::test_an_in_process_run_does_not_import_flower",
+    "tests/test_cli.py::test_the_fedbed_script_prints_one_line_and_exits_2[arguments2-error: unknown dataset 'Foo']",
+    # the headless browser
+    "tests/test_sweep.py::test_html_report_renders_in_headless_chromium",
+    # the benchmarks at smoke size, each a subprocess
+    "tests/test_benchmarks.py::test_benchmark_prints_its_figure_at_smoke_size",
+    # the README's tour, every complete line run
+    "tests/test_readme_tour.py::test_every_complete_line_of_the_tour_runs",
+    # sweeps of several runs
+    "tests/test_sweep.py::test_results_report_and_html",
+    "tests/test_sweep.py::test_variants_change_one_factor_of_base_and_label_the_runs",
+    "tests/test_sweep.py::test_sweep_skips_finished_jobs_and_resumes_an_interrupted_one",
+    "tests/test_sweep.py::test_threads_per_job_default_to_cores_over_workers_and_can_be_set",
+    "tests/test_sweep.py::test_sweep_processes_sharing_a_folder_never_run_the_same_job",
+    "tests/test_sweep.py::test_results_as_data_without_side_effect_files",
+    "tests/test_sweep.py::test_a_sweep_run_again_from_another_data_root_leaves_its_folder_unchanged",
+    "tests/test_sweep.py::test_run_experiment_returns_the_run_as_data",
+    "tests/test_sweep.py::test_a_sweep_refuses_finished_jobs_made_from_other_data_and_report_names_the_data",
+    # multi-round runs (16 of its 21 algorithms measured > 2 s; the rest 1-2 s)
+    "tests/test_algorithms.py::test_every_registered_algorithm_runs_two_rounds",
+    # runs stopped and resumed, or run twice
+    "tests/test_mcgdm.py::test_a_resumed_mcgdm_run_equals_an_uninterrupted_one",
+    "tests/test_self_supervised.py::test_a_resumed_run_equals_an_uninterrupted_one",
+    "tests/test_self_supervised.py::test_a_resumed_moco_run_equals_an_uninterrupted_one",
+    "tests/test_fedadg.py::test_a_resumed_fedadg_run_equals_an_uninterrupted_one",
+    "tests/test_augmentation.py::test_an_augmented_run_resumes_bit_identically",
+    "tests/test_knowledge_vote.py::test_training_never_reads_the_adaptation_labels",
+    "tests/test_robustness.py::test_median_resists_a_byzantine_client_where_fedavg_does_not",
+    "tests/test_cli.py::test_plot_alignment_writes_pngs",
+    "tests/test_cli.py::test_run_prints_the_table_and_resumes",
+    "tests/test_cli.py::test_resume_and_run_directory_guards",
+    "tests/test_cli.py::test_a_run_with_other_settings_is_never_replaced_without_overwrite",
+    "tests/test_privacy.py::test_a_private_run_logs_epsilon_per_round_and_reports_it",
+    "tests/test_fedgala.py::test_fedgala_logs_discard_ratios_and_weights_and_its_switches_work",
+    "tests/test_fedgala.py::test_global_alignment_works_with_supervised_clients",
+    "tests/test_training_hooks.py::test_the_cosine_schedule_sets_each_rounds_learning_rate",
+    "tests/test_training_hooks.py::test_phases_with_their_own_optimisers_continue_the_batch_numbering",
+    "tests/test_evaluation_protocols.py::test_a_report_of_probed_runs_says_they_read_target_labels",
+    "tests/test_evaluation_protocols.py::test_the_accuracy_plots_of_probed_runs_carry_the_note_that_they_read_target_labels",
+    "tests/test_fedadg.py::test_feature_plot_of_a_tiny_run[fedadg]",
+    "tests/test_faults.py::test_each_fault_is_dropped_with_its_reason_and_the_model_stays_finite[slow]",
+    "tests/test_client_evaluation.py::test_scores_on_the_clients_equal_the_servers",
+    "tests/test_bit_identity.py::test_a_short_run_computes_its_recorded_numbers[hfedf]",
+    "tests/test_bit_identity.py::test_a_short_run_computes_its_recorded_numbers[local]",
+    "tests/test_bit_identity.py::test_a_short_run_computes_its_recorded_numbers[fedsimclr_probe]",
+    "tests/test_bit_identity.py::test_a_short_run_computes_its_recorded_numbers[mcgdm_adam]",
+    # real data (MNIST read in full or parsed twice, a packed file resized)
+    "tests/test_data.py::test_embedded_mnist_sample_equals_mlxtends_own_parse",
+    "tests/test_data.py::test_shared_mnist_gives_the_full_dataset",
+    "tests/test_data.py::test_a_model_for_another_input_size_reads_the_packed_file_resized",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by mark
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests :data:`SLOW_TESTS` names ``slow``; a name that names no test of a collected
+    file (a test renamed or removed) is an error, so the quick loop never quietly grows."""
+    collected = {}
+    for item in items:
+        path, _, name = item.nodeid.partition("::")
+        if item.nodeid in SLOW_TESTS or f"{path}::{name.split('[')[0]}" in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
+        if getattr(item, "module", None) is not None:
+            collected[path] = item.module
+    for entry in SLOW_TESTS:
+        path, _, name = entry.partition("::")
+        if path in collected and not callable(getattr(collected[path], name.split("[")[0], None)):
+            raise pytest.UsageError(f"tests/conftest.py: SLOW_TESTS names {entry}, which {path} does not define")
 
 
 @pytest.fixture
@@ -44,123 +124,6 @@ def _no_data_root_from_environment(monkeypatch):
     monkeypatch.delenv("FEDBED_DATA", raising=False)
 
 
-def make_dataset(per_domain: int = 40, domains: int = 3, classes: int = 2, side: int = 8, seed: int = 0) -> DomainDataset:
-    """A learnable synthetic dataset: the class sets the mean brightness, the domain adds an offset."""
-    generator = torch.Generator().manual_seed(seed)
-    labels = torch.arange(per_domain * domains) % classes
-    domain_ids = torch.arange(per_domain * domains) // per_domain
-    base = 60 + 120 * labels.float() + 20 * domain_ids.float()
-    noise = torch.randint(-30, 30, (len(labels), 1, side, side), generator=generator).float()
-    images = (base.view(-1, 1, 1, 1) + noise).clamp(0, 255).to(torch.uint8)
-    return DomainDataset(
-        name="Synthetic",
-        images=images,
-        labels=labels,
-        domains=domain_ids,
-        class_names=tuple(f"c{i}" for i in range(classes)),
-        domain_names=tuple(f"d{i}" for i in range(domains)),
-        source="synthetic",
-    )
-
-
 @pytest.fixture
 def tiny_dataset() -> DomainDataset:
     return make_dataset()
-
-
-def small_model(input_shape: tuple[int, int, int], num_classes: int) -> DomainClassifier:
-    """A two-layer CNN (8 then 16 channels, global average pooling) for the small synthetic images:
-    the engine's tests need a model of the real kind (featurizer and classifier), not a large one,
-    and hFedF's hypernetwork has one output head per parameter tensor."""
-    featurizer = nn.Sequential(
-        nn.Conv2d(input_shape[0], 8, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-    )
-    return DomainClassifier(featurizer, nn.Linear(16, num_classes), 16)
-
-
-def build_federation(dataset=None, target="d3", algorithm="fedavg", trainer_class=None, hp=None, batch_size=8):
-    """A built :class:`Federation` on small data (:func:`small_model`), one client per source
-    domain, initialised with seed 1."""
-    dataset = dataset if dataset is not None else make_dataset(per_domain=48, domains=4)
-    split = split_leave_one_domain_out(dataset, (target,), 0.25, seed=0)
-    partitions = partition_one_client_per_domain(split)
-    torch.manual_seed(0)
-    spec = get_algorithm(algorithm)
-    hparams = spec.hyperparameters(**(hp or {}))
-    factory = lambda: spec.wrap_model(small_model(dataset.input_shape, dataset.num_classes), hparams)  # noqa: E731
-    context = AlgorithmContext(factory, TrainingBudget(batch_size=batch_size, local_epochs=1), seed=0, task=dataset.task)
-    federation = Federation(
-        strategy=spec.create_strategy(hparams, context),
-        clients=InProcessClients(
-            (trainer_class or type(spec.create_trainer(hparams, context)))(hparams, context),
-            [ClientData.from_dataset(dataset, p.indices) for p in partitions],
-        ),
-        holdout={d: ClientData.from_dataset(dataset, i) for d, i in split.holdout.items()},
-        target={d: ClientData.from_dataset(dataset, dataset.indices_of_domain(d)) for d in split.target_domains},
-        domain_names=dataset.domain_names,
-        task=dataset.task,
-    )
-    torch.manual_seed(1)
-    federation.strategy.initialize(factory(), client_infos(partitions))
-    return federation
-
-
-def corrupt_adaptation_labels(monkeypatch, shift: int = 1) -> None:
-    """Make every later in-process run shift the labels of its target's adaptation share by
-    ``shift`` classes (on a copy: the loaded dataset is cached for later runs), so a test can
-    check that nothing but the log reads them."""
-    import dataclasses
-
-    import fedbed.build as build
-    import fedbed.experiment as experiment
-
-    original = build.build_run
-
-    def build_then_corrupt(config):
-        built = original(config)
-        labels = built.dataset.labels.clone()
-        labels[built.adaptation_indices] = (labels[built.adaptation_indices] + shift) % built.dataset.num_classes
-        assert not torch.equal(labels, built.dataset.labels)
-        built.dataset = dataclasses.replace(built.dataset, labels=labels)
-        return built
-
-    monkeypatch.setattr(experiment, "build_run", build_then_corrupt)
-
-
-class ProcessCrash(BaseException):
-    """The whole process stops (a power cut), not one client's exception: the engine drops a
-    client that raises an ``Exception`` and goes on, while this escapes the round."""
-
-
-def run_straight_and_resumed(tmp_path, monkeypatch, trainer_class, **settings):
-    """Run ``settings`` uninterrupted (``tmp_path/straight``), and again (``tmp_path/resumed``) with
-    the process crashing in round 3 (:class:`ProcessCrash` from ``trainer_class.fit``), then
-    resumed from its checkpoint.
-
-    Returns:
-        ``(straight summary, resumed summary, {"straight": [...], "resumed": [...]})``, the last
-        holding each run's per-round ``metrics`` from ``rounds.jsonl``.
-    """
-    import json
-
-    from fedbed.experiment import ExperimentConfig, run_experiment
-
-    quiet = dict(progress=False, echo=lambda *_: None)
-    straight = run_experiment(ExperimentConfig(run_dir=tmp_path / "straight", **settings), **quiet)
-    fit = trainer_class.fit
-
-    def crash_in_round_3(self, payload, data, state):
-        if payload.config["round"] == 3:
-            raise ProcessCrash("power cut")
-        return fit(self, payload, data, state)
-
-    monkeypatch.setattr(trainer_class, "fit", crash_in_round_3)
-    with pytest.raises(ProcessCrash, match="power cut"):
-        run_experiment(ExperimentConfig(run_dir=tmp_path / "resumed", **settings), **quiet)
-    monkeypatch.setattr(trainer_class, "fit", fit)
-    resumed = run_experiment(ExperimentConfig(run_dir=tmp_path / "resumed", **settings), resume=True, **quiet)
-    logs = {name: [json.loads(line)["metrics"] for line in (tmp_path / name / "rounds.jsonl").read_text().splitlines()]
-            for name in ("straight", "resumed")}
-    return straight, resumed, logs

@@ -207,7 +207,7 @@ def test_a_run_that_edits_its_dataset_in_place_leaves_the_next_load_intact():
 def test_a_source_domain_too_small_for_its_holdout_is_one_clear_error():
     from fedbed.data import DataError, split_leave_one_domain_out
 
-    from tests.conftest import make_dataset
+    from tests.helpers import make_dataset
 
     dataset = make_dataset(per_domain=2, domains=3)
     with pytest.raises(DataError, match="has 2 samples: a holdout fraction of 0.2 keeps none of them for validation"):

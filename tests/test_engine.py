@@ -12,7 +12,7 @@ from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.federation.engine import EngineError, run_rounds
 from fedbed.federation.evaluation import mean_of_last_evaluations, select_round
 from fedbed.federation.messages import Reply
-from tests.conftest import build_federation
+from tests.helpers import build_federation
 
 
 def run(federation, rounds, run_dir, resume=False):

@@ -21,7 +21,7 @@ from fedbed.federation.evaluation import evaluate_models, format_domain_table
 from fedbed.federation.linear_probe import LinearProbe
 from fedbed.federation.local_data import ClientData, UnlabeledImages
 from fedbed.models import DomainClassifier
-from tests.conftest import corrupt_adaptation_labels
+from tests.helpers import corrupt_adaptation_labels
 
 
 def quiet(config, **options):

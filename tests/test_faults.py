@@ -12,7 +12,7 @@ from fedbed.experiment import ExperimentConfig, build_run, run_experiment
 from fedbed.federation.engine import outlying_updates, run_rounds
 from fedbed.federation.faults import FAULTS, FaultyClientTrainer, corrupt
 from fedbed.federation.messages import Payload, Reply
-from tests.conftest import build_federation
+from tests.helpers import build_federation
 from tests.test_flower import assert_same_run, no_orphans, tiny  # noqa: F401  (no_orphans: a fixture)
 
 EXPECTED_REASONS = {

@@ -28,7 +28,7 @@ from fedbed.federation.engine import run_rounds
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import ClientInfo, Payload, Reply
 from fedbed.models import DomainClassifier
-from tests.conftest import build_federation, run_straight_and_resumed, small_model
+from tests.helpers import build_federation, run_straight_and_resumed, small_model
 
 QUIET = dict(progress=False, echo=lambda *_: None)
 SHORT = {"classification_epochs": 1, "alignment_epochs": 2}

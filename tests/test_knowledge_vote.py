@@ -10,7 +10,7 @@ import torch
 from fedbed.algorithms.options.knowledge_vote import knowledge_vote
 from fedbed.config import ConfigError
 from fedbed.experiment import ExperimentConfig, run_experiment
-from tests.conftest import corrupt_adaptation_labels
+from tests.helpers import corrupt_adaptation_labels
 
 
 def test_the_vote_by_hand():

@@ -18,7 +18,7 @@ from fedbed.algorithms.mcgdm import MCGDMStrategy, matching_losses, previous_hea
 from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.federation.messages import ClientInfo, Reply
 from fedbed.models import DomainClassifier
-from tests.conftest import run_straight_and_resumed
+from tests.helpers import run_straight_and_resumed
 
 
 def zero_head_model() -> DomainClassifier:

@@ -15,7 +15,7 @@ from fedbed.algorithms.mcgdm import MCGDMStrategy
 from fedbed.federation.engine import check_reply, client_updates, run_rounds
 from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.transport import InProcessClients, PayloadSnapshot
-from tests.conftest import build_federation
+from tests.helpers import build_federation
 
 
 class ReadsTheHeads(SupervisedTrainer):

@@ -6,7 +6,7 @@ import torch
 
 from fedbed.data.base import DomainDataset
 from fedbed.federation.engine import run_rounds
-from tests.conftest import build_federation
+from tests.helpers import build_federation
 
 
 def regression_dataset(per_domain=96, domains=4, side=6):

@@ -14,7 +14,7 @@ from fedbed.algorithms.options.robust_aggregation import (
 )
 from fedbed.config import ConfigError
 from fedbed.experiment import ExperimentConfig, run_experiment
-from tests.conftest import small_model
+from tests.helpers import small_model
 
 CLIENTS = [0, 1, 2, 3, 4]
 # Four honest clients near 1 and one far away; an integer buffer to be rounded back.

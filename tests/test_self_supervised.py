@@ -24,7 +24,7 @@ from fedbed.federation.arrays import clone_arrays
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import Payload
 from fedbed.models import ModelError, build_model
-from tests.conftest import make_dataset, run_straight_and_resumed, small_model
+from tests.helpers import make_dataset, run_straight_and_resumed, small_model
 
 SMALL = {"projection_hidden_dim": 16, "projection_dim": 8}
 """Projector widths small enough for fast tests."""

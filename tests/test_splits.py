@@ -10,7 +10,7 @@ from fedbed.data import (
 )
 from fedbed.data.splits import DomainSplit
 from fedbed.federation.sampling import sample_clients
-from tests.conftest import make_dataset
+from tests.helpers import make_dataset
 
 
 def test_holdout_is_deterministic_disjoint_and_excludes_the_target(tiny_dataset):

@@ -16,7 +16,7 @@ from fedbed.algorithms.base.registry import AlgorithmContext, TrainingBudget
 from fedbed.data.augmentation import Augmentation
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import Payload
-from tests.conftest import make_dataset, small_model
+from tests.helpers import make_dataset, small_model
 
 
 def client_data() -> ClientData:
