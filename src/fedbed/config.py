@@ -46,11 +46,12 @@ from fedbed.data.augmentation import AUGMENTATIONS
 from fedbed.data.catalog import DatasetSpec, known_datasets, spread_data_refusal
 from fedbed.data.path_datasets import display_name
 from fedbed.federation.client_evaluation import ID_EVALUATION_SITES
-from fedbed.federation.sampling import clients_per_round
+from fedbed.federation.devices import PRECISIONS, device_refusal, precision_refusal
 from fedbed.federation.evaluation import EVALUATION_PROTOCOLS
 from fedbed.federation.faults import FAULTS
 from fedbed.federation.linear_probe import LinearProbe
 from fedbed.federation.local_data import INPUT_SCALINGS
+from fedbed.federation.sampling import clients_per_round
 from fedbed.models import MODELS
 
 PROTOCOLS = ("domain_generalization", "domain_adaptation")
@@ -104,6 +105,15 @@ class ExperimentConfig(BaseModel):
             the data's own (sorted class folder names).
         model: model name (default per dataset).
         pretrained_weights: local ImageNet state dict for ResNets.
+        device: where the clients train and the server evaluates: ``auto`` (unset: the first CUDA
+            device, else the CPU), ``cpu``, ``cuda``, ``cuda:N`` or ``mps``
+            (:mod:`fedbed.federation.devices`); payloads, replies, checkpoints and client state
+            stay on the CPU. A placement setting: a run may resume on another device.
+        precision: ``fp32`` (unset), or ``bf16`` / ``fp16`` mixed precision of the clients'
+            forward passes and losses (``torch.autocast``; ``fp16`` with a gradient scaler, on
+            CUDA only); aggregation and evaluation stay in fp32.
+        deterministic: torch's deterministic algorithms (and what CUDA needs for them), so a
+            seed fixes a GPU run as it fixes a CPU run (README, "Running on a GPU").
         holdout_fraction: id-validation share of every source domain (DomainBed 0.2; hFedF 0.1).
         partition: ``domain`` (one client per source domain), ``domains_per_client`` (hFedF
             Algorithm 5) or ``lambda_mix`` (FedDG_Benchmark).
@@ -192,6 +202,9 @@ class ExperimentConfig(BaseModel):
     class_names: list[str] | None = Field(None, min_length=1)
     model: str | None = None
     pretrained_weights: Path | None = None
+    device: str | None = None
+    precision: Literal[PRECISIONS] | None = None
+    deterministic: bool | None = None
     holdout_fraction: float = Field(0.2, gt=0, lt=1)
     partition: Literal["domain", "domains_per_client", "lambda_mix"] = "domain"
     num_clients: int | None = Field(None, gt=0)
@@ -533,6 +546,9 @@ def validate(config: ExperimentConfig) -> ValidatedConfig:
         raise ConfigError(str(error)) from None
     if declared is not None:
         check_spread_data(config, spec, algorithm)
+    for refusal in (device_refusal(config.device), precision_refusal(config.precision, config.device)):
+        if refusal is not None:
+            raise ConfigError(refusal)
     if config.model is not None and config.model not in MODELS:
         raise ConfigError(f"unknown model {config.model!r}; choose one of {', '.join(MODELS)}")
     if config.augmentation is not None and algorithm.draws_its_own_views:
@@ -659,11 +675,11 @@ def check_server_options(config: ExperimentConfig, algorithm: Algorithm, clients
         raise ConfigError(f"attacking_clients is {config.attacking_clients}, but the run has {clients} client(s)")
 
 
-PLACEMENT_SETTINGS = frozenset({"data_root", "run_dir", "id_evaluation"})
-"""Settings that say where a run reads its data, writes its files and scores its id holdouts,
-not what it computes (site-side and server-side id scores are the same sums,
+PLACEMENT_SETTINGS = frozenset({"data_root", "run_dir", "id_evaluation", "device"})
+"""Settings that say where a run reads its data, writes its files, scores its id holdouts and
+computes (``device``), not what it computes (site-side and server-side id scores are the same sums,
 :mod:`fedbed.federation.client_evaluation`; in another process with another thread count a
-sample on a decision boundary may flip): left out of a sweep job's hash
+sample on a decision boundary may flip; another device changes the last bits likewise): left out of a sweep job's hash
 (:func:`fedbed.sweep.config_hash`), and free to change when a run is resumed, so a run folder
 or its data may move between machines."""
 
