@@ -88,6 +88,8 @@ def run(
     tls: Annotated[bool, typer.Option(help="flower-deployment: self-signed CA and certificates, TLS everywhere.")] = False,
     id_evaluation: Annotated[Optional[str], typer.Option(
         help="Where the id holdouts are scored: server, or clients (each site its own share; equal scores).")] = None,
+    pretrained: Annotated[Optional[str], typer.Option(
+        help="Pretrained backbone weights: imagenet (from the torch hub / timm cache; see README).")] = None,
 ) -> None:
     """Train one method across clients and evaluate it on the unseen target domain.
 
@@ -115,6 +117,7 @@ def run(
             "data_root": data_root,
             "run_dir": run_dir,
             "id_evaluation": id_evaluation,
+            "pretrained": pretrained,
         }
         values = override_settings(values, {k: v for k, v in flags.items() if v is not None})
         if hp:
