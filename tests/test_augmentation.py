@@ -117,3 +117,24 @@ def test_mixstyle_mixes_statistics_in_training_only():
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 7)
     with pytest.raises(ValueError, match="MixStyle has a placement for"):
         build_model("lenet", (1, 28, 28), 10, mixstyle=True)
+
+
+def test_domainbed_augmentation_takes_domainbeds_values_and_is_seeded():
+    """DomainBed's augment_transform (datasets.py): RandomResizedCrop(scale 0.7-1), flip, ColorJitter(0.3 x 4),
+    RandomGrayscale (p 0.1), here to the images' own side; the same seed gives the same views."""
+    from torchvision.transforms import v2
+
+    from fedbed.data.augmentation import AUGMENTATIONS
+
+    crop, flip, jitter, grey = AUGMENTATIONS["domainbed"](3, 224).transforms
+    assert isinstance(crop, v2.RandomResizedCrop) and crop.size == (224, 224) and crop.scale == (0.7, 1.0)
+    assert isinstance(flip, v2.RandomHorizontalFlip) and flip.p == 0.5
+    assert isinstance(jitter, v2.ColorJitter) and jitter.brightness == jitter.contrast == jitter.saturation == (0.7, 1.3)
+    assert jitter.hue == (-0.3, 0.3)
+    assert isinstance(grey, v2.RandomGrayscale) and grey.p == 0.1
+    assert len(AUGMENTATIONS["domainbed"](1, 224).transforms) == 2  # grey images: the crop and the flip only
+    images = rgb_images(count=3, side=224)
+    (view,) = Augmentation("domainbed").apply(images, seed=11)
+    assert view.shape == (3, 3, 224, 224) and view.dtype == torch.uint8 and not torch.equal(view, images)
+    assert torch.equal(Augmentation("domainbed").apply(images, seed=11)[0], view)
+    assert not torch.equal(Augmentation("domainbed").apply(images, seed=12)[0], view)

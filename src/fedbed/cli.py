@@ -245,10 +245,12 @@ def prepare(
     size: Annotated[int, typer.Option(help="Side in pixels after resizing.")] = 32,
     data_root: Annotated[Optional[Path], typer.Option(help="Folder holding <Name>/<domain>/<class>/<image>.")] = None,
     output_root: Annotated[Optional[Path], typer.Option(
-        help="Where to write <name>/<name>_<size>.npz (default: the data root; for a path, the folder itself).")] = None,
+        help="Where to write <name>/<name>_<size>.npz and its images <name>_<size>.images.npy (default: the data "
+             "root; for a path, the folder itself).")] = None,
 ) -> None:
     """Decode and resize a DomainBed folder tree (Camelyon17, FMoW, PovertyMap: WILDS' layouts) once into the packed
-    .npz layout runs read."""
+    layout runs read: <name>_<size>.npz with the images uncompressed beside it in <name>_<size>.images.npy, which
+    runs memory-map, so a dataset larger than memory trains (the tree is decoded one image at a time)."""
     from fedbed.data import prepare_dataset, resolve_data_root
     from fedbed.data.base import DataError
 

@@ -24,6 +24,14 @@ Named transforms (:data:`AUGMENTATIONS`); each takes the channel count and the i
   on the whole image); JiGen's colour jitter is off by default (``--jitter 0``) and left out.
   FedADG's augmentation (``fedadg.md``, Sec. 6.1, "Model Training"). Grey images get the crop
   and the flip only.
+- ``domainbed``: DomainBed's training augmentation (Gulrajani & Lopez-Paz 2021), the
+  ``augment_transform`` of ``MultipleEnvironmentImageFolder`` in its ``domainbed/datasets.py``
+  (facebookresearch/DomainBed, commit 05a8cc0), used for PACS, VLCS, OfficeHome, TerraIncognita
+  and DomainNet: ``RandomResizedCrop(224, scale=(0.7, 1.0))`` (here to the images' own side, so a
+  224-px image keeps 224), ``RandomHorizontalFlip()`` (p 0.5), ``ColorJitter(0.3, 0.3, 0.3, 0.3)``
+  (brightness, contrast, saturation, hue), ``RandomGrayscale()`` (torchvision's default p 0.1),
+  then the ImageNet normalisation FedBed's ``imagenet`` input scaling applies. Grey images get
+  the crop and the flip only.
 - ``amplitude_mix``: Amplitude Mix (FACT, Xu et al. 2021, Eq. 2-3; MCGDM's Table 6): each image
   keeps its Fourier phase and takes the amplitude spectrum (1 − λ) A(x_i) + λ A(x_j) of itself and
   image j of the batch, j drawn by a random permutation (an image may draw itself, as in FACT's
@@ -61,6 +69,13 @@ def _jigen(channels: int, side: int) -> v2.Transform:
     return v2.Compose(geometric + ([v2.RandomGrayscale(p=0.1)] if channels == 3 else []))
 
 
+def _domainbed(channels: int, side: int) -> v2.Transform:
+    geometric = [v2.RandomResizedCrop(side, scale=(0.7, 1.0), antialias=True), v2.RandomHorizontalFlip()]
+    if channels != 3:
+        return v2.Compose(geometric)
+    return v2.Compose(geometric + [v2.ColorJitter(0.3, 0.3, 0.3, 0.3), v2.RandomGrayscale(p=0.1)])
+
+
 def amplitude_mix(images: torch.Tensor, ratio: float = 1.0) -> torch.Tensor:
     """FACT's Amplitude Mix of a batch, drawing from torch's global generator.
 
@@ -88,6 +103,7 @@ AUGMENTATIONS: dict[str, Callable[[int, int], v2.Transform] | None] = {
     "randaugment": _randaugment,
     "simclr": _simclr,
     "jigen": _jigen,
+    "domainbed": _domainbed,
     "amplitude_mix": None,
 }
 """Name -> builder ``(channels, side) -> transform`` of one ``uint8 [C, H, W]`` image; ``None``

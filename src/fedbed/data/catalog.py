@@ -13,7 +13,14 @@ from fedbed.data.base import DataError, DatasetLoader, DatasetSpec, DomainDatase
 from fedbed.data.camelyon17 import CAMELYON17_FOLDER, CAMELYON17_HOSPITALS, CAMELYON17_LAYOUT, read_camelyon17
 from fedbed.data.digits import DIGITS_DOMAINS, load_digits, survey_digits
 from fedbed.data.fmow import FMOW_FOLDER, FMOW_LAYOUT, FMOW_REGIONS, read_fmow
-from fedbed.data.images import domain_folder_names, load_image_folders, load_packed, save_packed
+from fedbed.data.images import (
+    domain_folder_names,
+    load_image_folders,
+    load_packed,
+    own_copy,
+    save_packed,
+    write_image_folders,
+)
 from fedbed.data.mnist import COLORED_MNIST_COLOUR_FLIPS, ROTATED_MNIST_ANGLES, colored_mnist, mnist_file_source, rotated_mnist
 from fedbed.data.path_datasets import (
     describe_path_dataset,
@@ -250,7 +257,7 @@ def load_dataset(name: str, data_root: Path | None, image_size: int | None = Non
                  ) -> DomainDataset:
     """Load a dataset by name or path; the last one loaded is kept in memory, so a sequence of
     runs on the same data (a grid over algorithms, targets and seeds) reads and builds it once; each
-    call returns its own copy of the tensors.
+    call returns its own copy of the tensors (of memory-mapped images, its own map of the file).
 
     RotatedMNIST: see :func:`fedbed.data.mnist.rotated_mnist`. Digits: the domains found
     (:func:`with_found_domains`, :func:`fedbed.data.digits.load_digits`). Image datasets: the
@@ -279,9 +286,9 @@ def load_dataset(name: str, data_root: Path | None, image_size: int | None = Non
     spec = with_found_domains(dataset_spec(name, declared_names[0] if declared_names else None), data_root)
     loaded = _load_dataset(spec, data_root, image_size, channels, declared_names)
     # Each caller gets its own tensors: a run (or a test) that edits labels or images in place
-    # cannot change the data of the runs after it. The kept copy is never handed out, so its
-    # fingerprint is the copy's.
-    copy = replace(loaded, images=loaded.images.clone(), labels=loaded.labels.clone(), domains=loaded.domains.clone())
+    # cannot change the data of the runs after it (memory-mapped images: a fresh copy-on-write map
+    # of the file, nothing read). The kept copy is never handed out, so its fingerprint is the copy's.
+    copy = replace(loaded, images=own_copy(loaded.images), labels=loaded.labels.clone(), domains=loaded.domains.clone())
     copy.__dict__["fingerprint"] = loaded.fingerprint
     return copy
 
@@ -379,7 +386,11 @@ def _read_dataset(spec: DatasetSpec, data_root: Path | None, image_size: int | N
 
 def prepare_dataset(name: str, data_root: Path | None, image_size: int, output_root: Path | None = None) -> Path:
     """Decode and resize a DomainBed folder tree (Camelyon17, FMoW, PovertyMap: WILDS' layouts) once into
-    the packed layout.
+    the memory-mapped packed layout (:mod:`fedbed.data.images`), at every size: a DomainBed tree
+    (PACS, VLCS, OfficeHome, TerraIncognita, DomainNet, a path) is decoded one image at a time
+    straight into the images' ``.npy`` (:func:`fedbed.data.images.write_image_folders`), so
+    neither preparing nor training holds the whole dataset in memory; WILDS' readers build the
+    dataset in memory first, then write it.
 
     Args:
         name: an image dataset from :data:`DATASETS`, or the path of a folder tree
@@ -387,10 +398,11 @@ def prepare_dataset(name: str, data_root: Path | None, image_size: int, output_r
         data_root: folder holding ``<Name>/<domain>/<class>/<image>`` (``camelyon17_v1.0/...``,
             ``fmow_v1.1/...``, ``poverty_v1.1/...``).
         image_size: side in pixels.
-        output_root: where to write ``<name>/<name>_<size>.npz`` (default: ``data_root``).
+        output_root: where to write ``<name>/<name>_<size>.npz`` and its images
+            ``<name>/<name>_<size>.images.npy`` (default: ``data_root``).
 
     Returns:
-        The path of the packed file.
+        The path of the packed ``.npz``.
 
     Raises:
         DataError: for a dataset built in memory (RotatedMNIST, ColoredMNIST, Digits, a registered one), a
@@ -409,7 +421,8 @@ def prepare_dataset(name: str, data_root: Path | None, image_size: int, output_r
             f"no {spec.name} folder tree under {data_root}; expected one of "
             f"{', '.join(str(data_root / f) for f in spec.folder_names)} holding {spec.layout}"
         )
-    dataset = (spec.folder_reader or load_image_folders)(folder, spec.name, image_size, spec.domain_names)
     target = spec.packed_path(output_root or data_root, image_size)
-    save_packed(dataset, target)
+    if spec.folder_reader is None:
+        return write_image_folders(folder, spec.name, image_size, target, spec.domain_names)
+    save_packed(spec.folder_reader(folder, spec.name, image_size, spec.domain_names), target, memory_mapped=True)
     return target

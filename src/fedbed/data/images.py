@@ -1,14 +1,25 @@
-"""Image datasets in DomainBed's folder layout and in FedBed's packed ``.npz`` layout.
+"""Image datasets in DomainBed's folder layout and in FedBed's packed layouts.
 
 Folder layout (as DomainBed's download script writes it): ``ROOT/<Name>/<domain>/<class>/<image>``.
-Packed layout: one ``.npz`` with ``images`` uint8 ``[N, H, W, 3]``, ``labels`` ``[N]``, ``domains``
-``[N]``, ``class_names`` and ``domain_names`` (``paths`` optional), as in ``shared/data/pacs``.
-``fedbed data prepare`` decodes a folder tree once into the packed layout so that runs never
-decode JPEGs again.
+
+Packed layout, compressed: one ``.npz`` with ``images`` uint8 ``[N, H, W, 3]``, ``labels`` ``[N]``,
+``domains`` ``[N]``, ``class_names`` and ``domain_names`` (``paths`` optional), as in
+``shared/data/pacs``; reading it decompresses every image into memory.
+
+Packed layout, memory-mapped (what ``fedbed data prepare`` writes, at every size): the same
+``<name>_<size>.npz`` without ``images``, holding instead ``images_file``, the name of an
+uncompressed ``.npy`` beside it, ``<name>_<size>.images.npy``: uint8 ``[N, C, H, W]``
+(channels first, the order of :attr:`DomainDataset.images`). :func:`load_packed` maps that file
+(``numpy.load(mmap_mode="c")``: copy-on-write, so an edit in place stays in the process and the
+file is never written) and wraps it with ``torch.from_numpy`` without copying: the operating
+system reads a page when a batch first touches it and may drop it again, so a dataset larger
+than memory trains. ``fedbed data prepare`` decodes the folder tree into that file one image at
+a time (:func:`write_image_folders`), so preparing needs no more memory than training.
 """
 
 from __future__ import annotations
 
+import weakref
 import zipfile
 from pathlib import Path
 
@@ -119,13 +130,154 @@ def load_image_folders(
     )
 
 
+IMAGES_FILE_SUFFIX = ".images.npy"
+"""The ending of a memory-mapped packed file's images: ``<name>_<size>.images.npy`` beside ``<name>_<size>.npz``."""
+
+_FLUSH_EVERY = 1024
+"""Images written between two flushes of the memory map while preparing (bounds its dirty pages)."""
+
+_MAPPED: dict[int, tuple[weakref.ref, Path]] = {}
+"""``id(tensor) -> (weak reference to it, .npy file)`` of every images tensor :func:`open_mapped_images` made."""
+
+
+def images_file(path: Path) -> Path:
+    """The ``.npy`` holding the images of the memory-mapped packed file ``path``
+    (``pacs_224.npz`` -> ``pacs_224.images.npy``)."""
+    return path.with_name(path.stem + IMAGES_FILE_SUFFIX)
+
+
+def open_mapped_images(path: Path) -> torch.Tensor:
+    """The images of ``path`` (a ``.npy`` of uint8 ``[N, C, H, W]``) as a tensor over a fresh
+    copy-on-write memory map of the file: nothing is read until it is used.
+
+    Raises:
+        DataError: an unreadable file, or images that are not uint8 ``[N, C, H, W]``.
+    """
+    try:
+        array = np.load(path, mmap_mode="c", allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise DataError(f"cannot map packed images {path}: {error}; run `fedbed data prepare` again") from None
+    if array.dtype != np.uint8 or array.ndim != 4:
+        raise DataError(f"{path}: images must be uint8 [N, C, H, W], got {array.dtype} with shape {array.shape}")
+    tensor = torch.from_numpy(array)  # writable (copy-on-write): no copy, no warning
+    key = id(tensor)
+    _MAPPED[key] = (weakref.ref(tensor, lambda _, key=key: _MAPPED.pop(key, None)), path)
+    return tensor
+
+
+def mapped_file(images: torch.Tensor) -> Path | None:
+    """The ``.npy`` file whose memory map ``images`` is (:func:`open_mapped_images`), or ``None``
+    for a tensor held in memory (a slice or any other tensor made from a mapped one included)."""
+    entry = _MAPPED.get(id(images))
+    return entry[1] if entry is not None and entry[0]() is images else None
+
+
+def own_copy(images: torch.Tensor) -> torch.Tensor:
+    """A copy of ``images`` that the caller may edit in place without changing ``images``: a
+    fresh memory map of the same file for memory-mapped images (no pixel is read), else a clone."""
+    path = mapped_file(images)
+    return images.clone() if path is None else open_mapped_images(path)
+
+
+class ImageRows:
+    """Some rows of a memory-mapped images tensor, kept as their indices: what a client's data
+    (:class:`fedbed.federation.local_data.ClientData`) holds of a memory-mapped dataset instead of
+    a copy of its images. Indexing it (a slice, an index tensor, a boolean mask) gathers just those
+    rows into a new ``uint8`` tensor (a batch's copy); :meth:`select` narrows it without reading.
+
+    Attributes:
+        source: the whole mapped ``uint8 [N, C, H, W]`` tensor.
+        rows: ``int64 [n]`` indices into ``source``.
+    """
+
+    def __init__(self, source: torch.Tensor, rows: torch.Tensor) -> None:
+        self.source = source
+        self.rows = torch.as_tensor(rows, dtype=torch.int64).flatten()
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((len(self.rows), *self.source.shape[1:]))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.source.dtype
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    def element_size(self) -> int:
+        return self.source.element_size()
+
+    def __getitem__(self, key: slice | torch.Tensor) -> torch.Tensor:
+        return self.source[self.rows[key]]
+
+    def select(self, key: slice | torch.Tensor) -> "ImageRows":
+        """The rows ``key`` selects, still unread."""
+        return ImageRows(self.source, self.rows[key])
+
+
+def image_rows(images: torch.Tensor, indices: torch.Tensor) -> torch.Tensor | ImageRows:
+    """The images at ``indices``: their indices (:class:`ImageRows`) when ``images`` is memory-mapped
+    (:func:`mapped_file`), else a copy (``images[indices]``)."""
+    return images[indices] if mapped_file(images) is None else ImageRows(images, indices)
+
+
+def write_image_folders(root: Path, name: str, size: int, target: Path,
+                        expected_domains: tuple[str, ...] | None = None) -> Path:
+    """Decode a DomainBed folder tree into the memory-mapped packed layout at ``target``
+    (``<name>_<size>.npz``), one image at a time: the images go straight into the ``.npy``
+    (``numpy.lib.format.open_memmap``), so no more than a few images are held in memory. The
+    result reads back equal to :func:`load_image_folders` of the same tree, fingerprint included.
+
+    Raises:
+        DataError: as :func:`scan_domain_folders` and :func:`decode_image`; ``OSError`` when
+            ``target`` cannot be written.
+    """
+    entries = scan_domain_folders(root, expected_domains)
+    domain_names = tuple(dict.fromkeys(domain for domain, _, _ in entries))
+    class_names = tuple(sorted({class_name for _, class_name, _ in entries}))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = images_file(target).with_name(target.stem + ".images.partial.npy")
+    images = np.lib.format.open_memmap(partial, mode="w+", dtype=np.uint8, shape=(len(entries), 3, size, size))
+    try:
+        for row, (_, _, path) in enumerate(entries):
+            images[row] = decode_image(path, size).transpose(2, 0, 1)
+            if (row + 1) % _FLUSH_EVERY == 0:
+                images.flush()
+        images.flush()
+    except BaseException:
+        del images
+        partial.unlink(missing_ok=True)
+        raise
+    del images
+    partial.replace(images_file(target))
+    _write_small_arrays(target, labels=np.array([class_names.index(c) for _, c, _ in entries], dtype=np.int16),
+                        domains=np.array([domain_names.index(d) for d, _, _ in entries], dtype=np.int8),
+                        class_names=class_names, domain_names=domain_names)
+    return target
+
+
+def _write_small_arrays(path: Path, class_names: tuple[str, ...], domain_names: tuple[str, ...],
+                        **arrays: np.ndarray) -> None:
+    """Write the ``.npz`` of the memory-mapped layout (everything but the images, which are
+    already in place beside it), atomically: written last, so a half-written dataset is never read."""
+    partial = path.with_name(path.name + ".partial.npz")
+    np.savez(partial, **arrays, class_names=np.array(class_names, dtype=str), domain_names=np.array(domain_names),
+             images_file=np.array(images_file(path).name))
+    partial.replace(path)
+
+
 PACKED_ARRAYS = "images, labels (or float targets for regression), domains, class_names, domain_names"
 """The arrays of the packed layout, as error messages name them."""
 
 
 def packed_header(path: Path) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """``(domain_names, shape of images)`` of a packed file, without reading its images (the
-    ``.npy`` header inside the ``.npz``, read with ``numpy.lib.format``).
+    """``(domain_names, shape of images as [N, H, W, C])`` of a packed file, without reading its
+    images (the ``.npy`` header inside the ``.npz``, read with ``numpy.lib.format``, or the header
+    of the memory-mapped layout's ``.npy``).
 
     Raises:
         DataError: the file is not a readable ``.npz`` or lacks ``images`` or ``domain_names``.
@@ -133,6 +285,11 @@ def packed_header(path: Path) -> tuple[tuple[str, ...], tuple[int, ...]]:
     try:
         with np.load(path, allow_pickle=False) as arrays:
             domain_names = tuple(str(d) for d in arrays["domain_names"])
+            if "images" not in arrays.files and "images_file" in arrays.files:  # memory-mapped: [N, C, H, W]
+                shape = np.load(path.with_name(str(arrays["images_file"])), mmap_mode="r", allow_pickle=False).shape
+                if len(shape) != 4:
+                    raise DataError(f"{path}: its images must be uint8 [N, C, H, W], got shape {shape}")
+                return domain_names, (int(shape[0]), int(shape[2]), int(shape[3]), int(shape[1]))  # as [N, H, W, C]
             with arrays.zip.open("images.npy") as member:
                 major, _ = np.lib.format.read_magic(member)
                 read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
@@ -155,7 +312,9 @@ def load_packed(path: Path, name: str) -> DomainDataset:
     """Load the packed ``.npz`` layout: ``images`` uint8 ``[N, H, W, C]`` (or ``[N, H, W]`` for
     grey), ``labels`` ``[N]`` integer indices into ``class_names`` (or, for a regression dataset,
     ``targets`` float ``[N]`` and no or empty ``class_names``), ``domains`` ``[N]`` indices into
-    ``domain_names``.
+    ``domain_names``. A file of the memory-mapped layout (``images_file`` instead of ``images``)
+    gives images memory-mapped from the ``.npy`` beside it (:func:`open_mapped_images`; nothing of
+    them is read here), equal, fingerprint included, to the compressed layout's of the same images.
 
     Raises:
         DataError: naming ``path``: an unreadable file, a missing array, images that are not one
@@ -169,44 +328,74 @@ def load_packed(path: Path, name: str) -> DomainDataset:
             domains = arrays["domains"].astype(np.int64)
             class_names = () if regression else tuple(str(c) for c in arrays["class_names"])
             domain_names = tuple(str(d) for d in arrays["domain_names"])
-            images = arrays["images"]
+            mapped = "images" not in arrays.files and "images_file" in arrays.files
+            images = path.with_name(str(arrays["images_file"])) if mapped else arrays["images"]
     except ValueError as error:
         if "Object arrays" in str(error):  # np.savez stores a list of differently sized images as objects
             raise DataError(_sizes_differ(path)) from None
         raise DataError(f"cannot read packed dataset {path}: {error}; expected arrays {PACKED_ARRAYS}") from None
     except (OSError, KeyError, zipfile.BadZipFile) as error:
         raise DataError(f"cannot read packed dataset {path}: {error}; expected arrays {PACKED_ARRAYS}") from None
+    if mapped:  # the source reads as the compressed layout's: the same data, described alike
+        return _packed_dataset(path, name, open_mapped_images(images), labels, domains, class_names, domain_names,
+                               regression, f"packed {path}")
     if images.dtype != np.uint8 or images.ndim not in (3, 4):
         raise DataError(f"{path}: images must be uint8 [N, H, W, C] or [N, H, W], got {images.dtype} with shape "
                         f"{images.shape}; scale them to 0..255 and cast to uint8")
+    if images.ndim == 3:
+        images = images[..., None]
+    images = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).contiguous()
+    return _packed_dataset(path, name, images, labels, domains, class_names, domain_names, regression, f"packed {path}")
+
+
+def _packed_dataset(path: Path, name: str, images: torch.Tensor, labels: np.ndarray, domains: np.ndarray,
+                    class_names: tuple[str, ...], domain_names: tuple[str, ...], regression: bool,
+                    source: str) -> DomainDataset:
     if not regression and np.issubdtype(labels.dtype, np.floating):
         raise DataError(f"{path}: labels are floats; store class indices as integers, or name the array "
                         "'targets' for a regression dataset")
-    if images.ndim == 3:
-        images = images[..., None]
     try:
         return DomainDataset(
             name=name,
-            images=torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).contiguous(),
+            images=images,
             labels=torch.from_numpy(labels if regression else labels.astype(np.int64)),
             domains=torch.from_numpy(domains),
             class_names=class_names,
             domain_names=domain_names,
-            source=f"packed {path}",
+            source=source,
         )
     except DataError as error:
         raise DataError(f"{path}: {str(error).removeprefix(f'{name}: ')}") from None
 
 
-def save_packed(dataset: DomainDataset, path: Path) -> None:
-    """Write ``dataset`` in the packed layout, atomically (a temporary file renamed into place);
-    a regression dataset's float targets go to ``targets`` instead of ``labels``."""
+def save_packed(dataset: DomainDataset, path: Path, memory_mapped: bool = False) -> None:
+    """Write ``dataset`` in the packed layout, atomically (temporary files renamed into place);
+    a regression dataset's float targets go to ``targets`` instead of ``labels``.
+
+    Args:
+        dataset: what to write.
+        path: the ``.npz``.
+        memory_mapped: write the memory-mapped layout (the images uncompressed in
+            :func:`images_file` beside ``path``, copied a chunk at a time) instead of one
+            compressed ``.npz``.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial.npz")
     if dataset.task == "regression":
         answers = {"targets": dataset.labels.numpy().astype(np.float32)}
     else:
         answers = {"labels": dataset.labels.numpy().astype(np.int16)}
+    if memory_mapped:
+        images_partial = path.with_name(path.stem + ".images.partial.npy")
+        written = np.lib.format.open_memmap(images_partial, mode="w+", dtype=np.uint8, shape=tuple(dataset.images.shape))
+        for start in range(0, len(dataset), _FLUSH_EVERY):
+            written[start : start + _FLUSH_EVERY] = dataset.images[start : start + _FLUSH_EVERY].numpy()
+        written.flush()
+        del written
+        images_partial.replace(images_file(path))
+        _write_small_arrays(path, dataset.class_names, dataset.domain_names, **answers,
+                            domains=dataset.domains.numpy().astype(np.int8))
+        return
     np.savez_compressed(
         partial,
         images=dataset.images.permute(0, 2, 3, 1).numpy(),

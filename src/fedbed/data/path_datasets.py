@@ -5,7 +5,8 @@
    :func:`fedbed.data.images.load_image_folders` does for the built-in datasets.
 2. A packed ``.npz`` in FedBed's layout (:func:`fedbed.data.images.load_packed`): ``images`` uint8
    ``[N, H, W, C]`` or ``[N, H, W]``, ``labels`` (or float ``targets`` for regression), ``domains``,
-   ``class_names``, ``domain_names``.
+   ``class_names``, ``domain_names``; or, as ``fedbed data prepare`` writes it, the same without
+   ``images``, which are memory-mapped from the ``<stem>.images.npy`` beside it.
 3. A folder holding ``<name>_<size>.npz`` files, as ``fedbed data prepare PATH --size S`` writes
    them (beside the domain folders, or under ``--output-root``); the one of the run's
    ``image_size`` is read, and it wins over decoding the folder tree, as for the built-in datasets.
@@ -20,7 +21,7 @@ import re
 from pathlib import Path
 
 from fedbed.data.base import DataError, DatasetSpec, DomainDataset
-from fedbed.data.images import domain_folder_names, load_image_folders, load_packed, packed_header, save_packed
+from fedbed.data.images import domain_folder_names, load_image_folders, load_packed, packed_header, write_image_folders
 
 PACKED_SUFFIX = ".npz"
 DEFAULT_IMAGE_SIZE = 32
@@ -185,7 +186,8 @@ def load_path_dataset(spec: DatasetSpec, image_size: int | None) -> DomainDatase
 def prepare_path_dataset(text: str, image_size: int, output_root: Path | None = None) -> Path:
     """Decode the folder tree at ``text`` once into ``<folder>/<name>_<size>.npz`` (or
     ``output_root/<name>/<name>_<size>.npz``), which ``--dataset`` of the folder (or of
-    ``output_root/<name>``) then reads.
+    ``output_root/<name>``) then reads: the memory-mapped packed layout, its images in
+    ``<name>_<size>.images.npy`` beside it (:func:`fedbed.data.images.write_image_folders`).
 
     A tree of one domain is packed too: a site of a federation whose data is spread over its
     machines holds only its own (``domain_names``, :func:`fedbed.data.catalog.read_present_domains`).
@@ -198,10 +200,9 @@ def prepare_path_dataset(text: str, image_size: int, output_root: Path | None = 
     if not folder.is_dir() or not domain_folder_names(folder):
         raise DataError(f"{folder} is not a folder tree <domain>/<class>/<image>; only a folder tree needs preparing")
     name = display_name(text)
-    dataset = load_image_folders(folder, name, image_size)
     target = (output_root / name if output_root else folder) / f"{name}_{image_size}{PACKED_SUFFIX}"
     try:
-        save_packed(dataset, target)
+        write_image_folders(folder, name, image_size, target)
     except OSError as error:
         raise DataError(f"cannot write {target}: {error.strerror or error}; give --output-root to write elsewhere") from None
     return target

@@ -1,7 +1,9 @@
 """A client's (or an evaluation set's) samples, kept as stored and turned into model input per batch.
 
 Images stay ``uint8`` in memory (a quarter of float32's size) and are augmented
-(:mod:`fedbed.data.augmentation`) and scaled (:func:`to_model_input`) one batch at a time.
+(:mod:`fedbed.data.augmentation`) and scaled (:func:`to_model_input`) one batch at a time. Of a
+memory-mapped dataset (:mod:`fedbed.data.images`), a client keeps only the indices of its images
+(:class:`fedbed.data.images.ImageRows`): each batch gathers its own rows from the map.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 
 from fedbed.data.augmentation import Augmentation
 from fedbed.data.base import DomainDataset
+from fedbed.data.images import ImageRows, image_rows
 from fedbed.seeding import derive_seed
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -120,12 +123,14 @@ class ClientData(UnlabeledImages):
 
     @classmethod
     def from_dataset(cls, dataset: DomainDataset, indices: torch.Tensor, scaling: str = "imagenet") -> "ClientData":
-        """Select ``indices`` of ``dataset`` (images stay ``uint8``)."""
-        return cls(dataset.images[indices], dataset.labels[indices], dataset.domains[indices], scaling=scaling)
+        """Select ``indices`` of ``dataset`` (images stay ``uint8``; of a memory-mapped dataset,
+        only their indices are kept, :class:`fedbed.data.images.ImageRows`, and a batch reads its rows)."""
+        return cls(image_rows(dataset.images, indices), dataset.labels[indices], dataset.domains[indices], scaling=scaling)
 
     def subset(self, mask: torch.Tensor | slice) -> "ClientData":
         """The samples selected by a boolean mask, an index tensor or a slice."""
-        return ClientData(self.images[mask], self.targets[mask], self.domains[mask], scaling=self.scaling)
+        images = self.images.select(mask) if isinstance(self.images, ImageRows) else self.images[mask]
+        return ClientData(images, self.targets[mask], self.domains[mask], scaling=self.scaling)
 
     def without_labels(self) -> UnlabeledImages:
         """The same images as :class:`UnlabeledImages` (no labels travel with them)."""
