@@ -305,7 +305,9 @@ def build_run(settings: ValidatedConfig | ExperimentConfig) -> BuiltRun:
 
         def model_factory():
             base = build_model(model_name, dataset.input_shape, dataset.num_classes, config.pretrained_weights,
-                               mixstyle=bool(config.mixstyle))
+                               mixstyle=bool(config.mixstyle), pretrained=config.pretrained,
+                               freeze_batchnorm=bool(config.freeze_batchnorm),
+                               classifier_dropout=config.classifier_dropout or 0.0)
             return algorithm.wrap_model(base, hparams)
 
         torch.manual_seed(derive_seed(config.seed, 0))

@@ -52,7 +52,8 @@ from fedbed.federation.faults import FAULTS
 from fedbed.federation.linear_probe import LinearProbe
 from fedbed.federation.local_data import INPUT_SCALINGS
 from fedbed.federation.sampling import clients_per_round
-from fedbed.models import MODELS
+from fedbed.models import model_refusal
+from fedbed.models.backbones import PRETRAINED_SOURCES
 
 PROTOCOLS = ("domain_generalization", "domain_adaptation")
 """What the target domain gives the run: nothing but its test samples, or also unlabelled images."""
@@ -104,7 +105,15 @@ class ExperimentConfig(BaseModel):
             with ``domain_names`` for classification data: a site may lack a class); unset:
             the data's own (sorted class folder names).
         model: model name (default per dataset).
-        pretrained_weights: local ImageNet state dict for ResNets.
+        pretrained_weights: local ImageNet state dict for ResNets and timm models.
+        pretrained: ``imagenet``: ``resnet18``/``resnet50`` with torchvision's ImageNet weights, a
+            ``timm:NAME`` model with timm's, read from their caches (:mod:`fedbed.models.backbones`);
+            refused at validation when they are not cached, unless ``FEDBED_ALLOW_DOWNLOADS=1``
+            (then downloaded when the model is built). Not with ``pretrained_weights``. Unset: none.
+        freeze_batchnorm: keep the featurizer's BatchNorm layers in evaluation mode in training
+            (DomainBed's ``freeze_bn``: running statistics neither used nor updated); unset: off.
+        classifier_dropout: dropout on the features before the classifier (DomainBed's
+            ``resnet_dropout``); unset: none.
         device: where the clients train and the server evaluates: ``auto`` (unset: the first CUDA
             device, else the CPU), ``cpu``, ``cuda``, ``cuda:N`` or ``mps``
             (:mod:`fedbed.federation.devices`); payloads, replies, checkpoints and client state
@@ -202,6 +211,9 @@ class ExperimentConfig(BaseModel):
     class_names: list[str] | None = Field(None, min_length=1)
     model: str | None = None
     pretrained_weights: Path | None = None
+    pretrained: Literal[PRETRAINED_SOURCES] | None = None
+    freeze_batchnorm: bool | None = None
+    classifier_dropout: float | None = Field(None, ge=0, lt=1)
     device: str | None = None
     precision: Literal[PRECISIONS] | None = None
     deterministic: bool | None = None
@@ -549,8 +561,11 @@ def validate(config: ExperimentConfig) -> ValidatedConfig:
     for refusal in (device_refusal(config.device), precision_refusal(config.precision, config.device)):
         if refusal is not None:
             raise ConfigError(refusal)
-    if config.model is not None and config.model not in MODELS:
-        raise ConfigError(f"unknown model {config.model!r}; choose one of {', '.join(MODELS)}")
+    if config.pretrained is not None and config.pretrained_weights is not None:
+        raise ConfigError("give pretrained (weights from the cache) or pretrained_weights (a local file), not both")
+    refusal = model_refusal(config.model or spec.default_model, config.pretrained, bool(config.freeze_batchnorm))
+    if refusal is not None:
+        raise ConfigError(refusal)
     if config.augmentation is not None and algorithm.draws_its_own_views:
         raise ConfigError(f"{algorithm.name} draws its own augmented views (its hyperparameter 'augmentation'); "
                           f"remove the run's augmentation setting or set --hp augmentation={config.augmentation}")

@@ -1,5 +1,12 @@
 """Model architectures with separate featurizer and classifier."""
 
-from fedbed.models.networks import FIXED_INPUT_SIZES, MODELS, DomainClassifier, ModelError, build_model
+from fedbed.models.networks import (
+    FIXED_INPUT_SIZES,
+    MODELS,
+    DomainClassifier,
+    ModelError,
+    build_model,
+    model_refusal,
+)
 
-__all__ = ["FIXED_INPUT_SIZES", "MODELS", "DomainClassifier", "ModelError", "build_model"]
+__all__ = ["FIXED_INPUT_SIZES", "MODELS", "DomainClassifier", "ModelError", "build_model", "model_refusal"]

@@ -7,6 +7,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from fedbed.models.backbones import (  # ModelError lives there, below the networks that raise it
+    TIMM_PREFIX,
+    ModelError,
+    load_torchvision_imagenet,
+    pretrained_refusal,
+    timm_architecture,
+    timm_featurizer,
+    timm_refusal,
+)
 from fedbed.models.mixstyle import insert_mixstyle
 
 
@@ -31,6 +40,44 @@ class DomainClassifier(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, num_classes]`` of images ``[B, C, H, W]`` (float, normalized)."""
         return self.classifier(self.featurizer(images))
+
+
+class DomainBedFeaturizer(nn.Module):
+    """A featurizer with DomainBed's ResNet conventions (Gulrajani & Lopez-Paz 2021,
+    ``networks.ResNet``): dropout on its features, before the classifier (``resnet_dropout``), and
+    frozen BatchNorm statistics (``freeze_bn``): its BatchNorm layers stay in evaluation mode
+    whenever it is set to train (:meth:`train`, which ``model.train()`` reaches through every
+    module holding it), so training neither uses batch statistics nor updates the running ones;
+    their affine weights still train.
+
+    Args:
+        network: the featurizer, ``[B, C, H, W]`` -> ``[B, feature_dim]``.
+        dropout: the dropout probability on its features (0: none).
+        freeze_batchnorm: keep its BatchNorm layers in evaluation mode.
+    """
+
+    def __init__(self, network: nn.Module, dropout: float = 0.0, freeze_batchnorm: bool = False) -> None:
+        super().__init__()
+        self.network = network
+        self.dropout = nn.Dropout(dropout)
+        self.freeze_batchnorm = freeze_batchnorm
+        self.train(self.training)
+
+    def train(self, mode: bool = True) -> "DomainBedFeaturizer":
+        """Set the training mode, BatchNorm layers kept in evaluation mode if frozen."""
+        super().train(mode)
+        if self.freeze_batchnorm:
+            for module in batchnorm_layers(self.network):
+                module.eval()
+        return self
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.network(images))
+
+
+def batchnorm_layers(module: nn.Module) -> list[nn.Module]:
+    """The BatchNorm layers of ``module`` (any dimension, and subclasses such as timm's ``BatchNormAct2d``)."""
+    return [each for each in module.modules() if isinstance(each, nn.modules.batchnorm._BatchNorm)]
 
 
 class MnistCnn(nn.Module):
@@ -148,16 +195,21 @@ class HfedfCnn(nn.Module):
         return self.layers(images)
 
 
-def _resnet(depth: int, in_channels: int, weights_path: Path | None) -> tuple[nn.Module, int]:
-    """torchvision's ResNet-18/50 without its last layer; ImageNet weights only from a local file."""
+def _resnet(depth: int, in_channels: int, weights_path: Path | None, pretrained: str | None = None) -> tuple[nn.Module, int]:
+    """torchvision's ResNet-18/50 without its last layer; ImageNet weights from a local file
+    (``weights_path``) or, with ``pretrained``, through torchvision's weights API from the torch hub
+    cache (:func:`fedbed.models.backbones.load_torchvision_imagenet`, under the offline rule)."""
     from torchvision.models import resnet18, resnet50
 
     network = (resnet18 if depth == 18 else resnet50)(weights=None)
+    if pretrained is not None:
+        load_torchvision_imagenet(network, f"resnet{depth}")
     if weights_path is not None:
         if not Path(weights_path).is_file():
             raise ModelError(f"pretrained weights file {weights_path} does not exist; give a local torchvision state dict")
         try:
-            state = torch.load(weights_path, map_location="cpu", weights_only=True)
+            # Tensors stay where they were saved (weights are saved from the host's memory).
+            state = torch.load(weights_path, map_location=lambda storage, _: storage, weights_only=True)
             network.load_state_dict(state)
         except (RuntimeError, OSError, KeyError) as error:
             raise ModelError(f"cannot load ResNet-{depth} weights from {weights_path}: {error}") from None
@@ -187,15 +239,37 @@ def _cifar_resnet18(in_channels: int) -> tuple[nn.Module, int]:
     return network, feature_dim
 
 
-class ModelError(ValueError):
-    """Raised for an unknown model name, a model that does not fit the data, or unreadable weights."""
-
-
 MODELS = ("mnist_cnn", "lenet", "hfedf_cnn", "resnet18", "resnet50", "resnet18_cifar")
+"""The built-in models; any timm model is also one by the name ``timm:NAME``
+(:mod:`fedbed.models.backbones`, the extra ``fedbed[timm]``)."""
+
+MODELS_WITHOUT_BATCHNORM = ("mnist_cnn", "lenet", "hfedf_cnn")
+"""Built-in models with no BatchNorm layer to freeze."""
 
 FIXED_INPUT_SIZES = {"lenet": 28, "hfedf_cnn": 32, "resnet18_cifar": 32}
 """Models that take one image side only (pixels); a run that sets no ``image_size`` resizes its
 images to it (LeNet on PACS reads the packed 32-px file resized to 28 px)."""
+
+
+def model_refusal(name: str, pretrained: str | None = None, freeze_batchnorm: bool = False) -> str | None:
+    """Why model ``name`` cannot be built on this machine with these options, in one line, or
+    ``None``: an unknown name, a timm model without timm installed or unknown to it, ``pretrained``
+    weights for a model that has none or that are not in the cache where downloads are not allowed
+    (:func:`fedbed.models.backbones.pretrained_refusal`; never downloads), frozen BatchNorm on a
+    built-in model without BatchNorm. The check of :func:`fedbed.config.validate`."""
+    if name.startswith(TIMM_PREFIX):
+        refusal = timm_refusal(name)
+        if refusal is not None:
+            return refusal
+    elif name not in MODELS:
+        return f"unknown model {name!r}; choose one of {', '.join(MODELS)}, or timm:NAME (a timm model, pip install \"fedbed[timm]\")"
+    if pretrained is not None:
+        refusal = pretrained_refusal(name, pretrained)
+        if refusal is not None:
+            return refusal
+    if freeze_batchnorm and name in MODELS_WITHOUT_BATCHNORM:
+        return f"freeze_batchnorm: {name} has no BatchNorm layer; leave freeze_batchnorm unset"
+    return None
 
 
 def build_model(
@@ -204,20 +278,37 @@ def build_model(
     num_classes: int,
     pretrained_weights: Path | None = None,
     mixstyle: bool = False,
+    pretrained: str | None = None,
+    freeze_batchnorm: bool = False,
+    classifier_dropout: float = 0.0,
 ) -> DomainClassifier:
     """Build a model by name: its featurizer and a linear classifier on top.
 
     Args:
-        name: one of :data:`MODELS`.
+        name: one of :data:`MODELS`, or ``timm:NAME`` for timm's model ``NAME`` (built with
+            ``num_classes=0``: its pooled features; :func:`fedbed.models.backbones.timm_featurizer`).
         input_shape: ``(C, H, W)`` of the images.
         num_classes: outputs of the classifier; 1 for a regression head.
-        pretrained_weights: for ``resnet18`` and ``resnet50`` only, a local torchvision ImageNet state-dict file
-            (never downloaded).
+        pretrained_weights: for ``resnet18``, ``resnet50`` and timm models, a local state-dict file
+            of their ImageNet weights (never downloaded).
         mixstyle: insert MixStyle layers (:func:`fedbed.models.mixstyle.insert_mixstyle`).
+        pretrained: ``imagenet``: ``resnet18``/``resnet50`` with torchvision's ImageNet weights,
+            ``timm:NAME`` with timm's, from their caches (:mod:`fedbed.models.backbones`; downloaded
+            only where ``FEDBED_ALLOW_DOWNLOADS=1``). Not with ``pretrained_weights``.
+        freeze_batchnorm: keep the featurizer's BatchNorm layers in evaluation mode in training
+            (DomainBed's ``freeze_bn``; :class:`DomainBedFeaturizer`).
+        classifier_dropout: dropout on the features, before the classifier (DomainBed's
+            ``resnet_dropout``; 0: none).
 
     Raises:
-        ModelError: unknown name, a shape the model cannot take, or weights that do not load.
+        ModelError: unknown name, a shape the model cannot take, weights that are not there or do
+            not load, or options the model does not take.
     """
+    if pretrained is not None and pretrained_weights is not None:
+        raise ModelError("give pretrained or pretrained_weights, not both")
+    refusal = model_refusal(name, pretrained, freeze_batchnorm)
+    if refusal is not None:
+        raise ModelError(refusal)
     channels, height, width = input_shape
     if name == "mnist_cnn":
         featurizer, dim = MnistCnn(channels), MnistCnn.feature_dim
@@ -235,15 +326,21 @@ def build_model(
                              "set image_size: 32 in the --config file")
         featurizer, dim = _cifar_resnet18(channels)
     elif name in ("resnet18", "resnet50"):
-        featurizer, dim = _resnet(int(name[6:]), channels, pretrained_weights)
+        featurizer, dim = _resnet(int(name[6:]), channels, pretrained_weights, pretrained)
+    elif timm_architecture(name) is not None:
+        featurizer, dim = timm_featurizer(name, input_shape, pretrained, pretrained_weights)
     else:
         raise ModelError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
-    if pretrained_weights is not None and name not in ("resnet18", "resnet50"):
-        raise ModelError(f"pretrained weights are supported for resnet18/resnet50 only, not {name}")
+    if pretrained_weights is not None and name not in ("resnet18", "resnet50") and not name.startswith(TIMM_PREFIX):
+        raise ModelError(f"pretrained weights are supported for resnet18/resnet50 and timm models only, not {name}")
     if mixstyle:
         try:
             featurizer = insert_mixstyle(name, featurizer)
         except ValueError as error:
             raise ModelError(f"{error}; choose one of those models or set mixstyle: false in the --config "
                              f"file (a method's paper settings may turn it on: see `fedbed algorithms`)") from None
+    if freeze_batchnorm and not batchnorm_layers(featurizer):
+        raise ModelError(f"freeze_batchnorm: {name} has no BatchNorm layer; leave freeze_batchnorm unset")
+    if freeze_batchnorm or classifier_dropout:
+        featurizer = DomainBedFeaturizer(featurizer, classifier_dropout, freeze_batchnorm)
     return DomainClassifier(featurizer, nn.Linear(dim, num_classes), dim)
