@@ -90,7 +90,7 @@ def test_the_batch_loss_sees_payload_batch_and_client_state():
     payload = Payload(sent, {"batch_seed": 1, "weight": 0.0}, read_only_arrays={"scale": torch.tensor(2.5)})
     reply = trainer.fit(payload, client_data(), state)
     assert state == {"batches": 3, "scale_seen": 2.5}
-    assert not hasattr(trainer, "_prior") and set(vars(trainer)) == {"hparams", "budget", "task", "augmentation", "augment_inputs", "model", "_logged"}
+    assert not hasattr(trainer, "_prior") and set(vars(trainer)) == {"hparams", "budget", "task", "augmentation", "augment_inputs", "device", "precision", "model", "_logged"}
     # A zero-weighted loss leaves the model where it was (Adam with weight decay still decays it, so compare the loss).
     assert reply.metrics["loss"] == 0.0
 

@@ -22,7 +22,13 @@ from fedbed.algorithms.options.robust_aggregation import (
     DEFAULT_TRIMMED_FRACTION,
     RobustAggregation,
 )
-from fedbed.config import ConfigError, ExperimentConfig, ValidatedConfig, as_validated, number_of_clients
+from fedbed.config import (
+    ConfigError,
+    ExperimentConfig,
+    ValidatedConfig,
+    as_validated,
+    number_of_clients,
+)
 from fedbed.data import (
     DataError,
     add_few_shot_target_samples,
@@ -37,6 +43,7 @@ from fedbed.data import (
 from fedbed.data.augmentation import Augmentation
 from fedbed.data.base import DatasetSpec
 from fedbed.federation.client_evaluation import ClientEvaluator, holdout_shares
+from fedbed.federation.devices import DeviceError, resolve_device, set_deterministic
 from fedbed.federation.engine import (
     DEFAULT_UPDATE_NORM_FACTOR,
     Federation,
@@ -253,6 +260,7 @@ class BuiltRun:
             adaptation_labels_for_the_log=dataset.labels[self.adaptation_indices] if len(self.adaptation_indices) else None,
             client_timeout=self.config.client_timeout,
             update_norm_factor=self.config.update_norm_factor or DEFAULT_UPDATE_NORM_FACTOR,
+            device=self.context.device,
         )
         # The strategy may draw its own initial state (hFedF's hypernetwork): seeded here, so it
         # does not depend on what was built before it in this process (a Flower server builds no
@@ -316,8 +324,14 @@ def build_run(settings: ValidatedConfig | ExperimentConfig) -> BuiltRun:
         raise ConfigError(str(error)) from None
     budget = TrainingBudget(config.batch_size, config.local_epochs, config.local_steps)
     augmentation = Augmentation(config.augmentation) if config.augmentation else None
+    try:
+        device = resolve_device(config.device)
+    except DeviceError as error:
+        raise ConfigError(str(error)) from None
+    if config.deterministic:
+        set_deterministic(True)
     context = AlgorithmContext(model_factory=model_factory, budget=budget, seed=config.seed, task=dataset.task,
-                               augmentation=augmentation)
+                               augmentation=augmentation, device=device, precision=config.precision)
     if resolved.evaluation_protocol == "linear_probe":
         if dataset.task != "classification":
             raise ConfigError(f"the linear_probe evaluation needs class labels; {dataset.name} is a regression task")

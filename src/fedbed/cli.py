@@ -90,6 +90,12 @@ def run(
         help="Where the id holdouts are scored: server, or clients (each site its own share; equal scores).")] = None,
     pretrained: Annotated[Optional[str], typer.Option(
         help="Pretrained backbone weights: imagenet (from the torch hub / timm cache; see README).")] = None,
+    device: Annotated[Optional[str], typer.Option(
+        help="Where to train and evaluate: auto (the first CUDA device, else the CPU), cpu, cuda, cuda:N or mps.")] = None,
+    precision: Annotated[Optional[str], typer.Option(
+        help="fp32, or bf16 / fp16 mixed precision of the clients' training (aggregation stays fp32).")] = None,
+    deterministic: Annotated[Optional[bool], typer.Option(
+        "--deterministic/--nondeterministic", help="torch's deterministic algorithms (README, Running on a GPU).")] = None,
 ) -> None:
     """Train one method across clients and evaluate it on the unseen target domain.
 
@@ -118,6 +124,9 @@ def run(
             "run_dir": run_dir,
             "id_evaluation": id_evaluation,
             "pretrained": pretrained,
+            "device": device,
+            "precision": precision,
+            "deterministic": deterministic,
         }
         values = override_settings(values, {k: v for k, v in flags.items() if v is not None})
         if hp:

@@ -46,7 +46,7 @@ from fedbed.data.augmentation import AUGMENTATIONS
 from fedbed.data.catalog import DatasetSpec, known_datasets, spread_data_refusal
 from fedbed.data.path_datasets import display_name
 from fedbed.federation.client_evaluation import ID_EVALUATION_SITES
-from fedbed.federation.devices import PRECISIONS, device_refusal, precision_refusal
+from fedbed.federation.devices import PRECISIONS, device_refusal
 from fedbed.federation.evaluation import EVALUATION_PROTOCOLS
 from fedbed.federation.faults import FAULTS
 from fedbed.federation.linear_probe import LinearProbe
@@ -119,8 +119,9 @@ class ExperimentConfig(BaseModel):
             (:mod:`fedbed.federation.devices`); payloads, replies, checkpoints and client state
             stay on the CPU. A placement setting: a run may resume on another device.
         precision: ``fp32`` (unset), or ``bf16`` / ``fp16`` mixed precision of the clients'
-            forward passes and losses (``torch.autocast``; ``fp16`` with a gradient scaler, on
-            CUDA only); aggregation and evaluation stay in fp32.
+            forward passes and losses (``torch.autocast``; ``fp16`` with a gradient scaler);
+            aggregation and evaluation stay in fp32. A method that cannot train in one says so
+            at validation (``Algorithm.precisions``).
         deterministic: torch's deterministic algorithms (and what CUDA needs for them), so a
             seed fixes a GPU run as it fixes a CPU run (README, "Running on a GPU").
         holdout_fraction: id-validation share of every source domain (DomainBed 0.2; hFedF 0.1).
@@ -558,9 +559,11 @@ def validate(config: ExperimentConfig) -> ValidatedConfig:
         raise ConfigError(str(error)) from None
     if declared is not None:
         check_spread_data(config, spec, algorithm)
-    for refusal in (device_refusal(config.device), precision_refusal(config.precision, config.device)):
-        if refusal is not None:
-            raise ConfigError(refusal)
+    refusal = device_refusal(config.device)
+    if refusal is not None:
+        raise ConfigError(refusal)
+    if config.precision is not None and config.precision not in algorithm.precisions:
+        raise ConfigError(f"{algorithm.name} trains in {' or '.join(algorithm.precisions)} only, not {config.precision}")
     if config.pretrained is not None and config.pretrained_weights is not None:
         raise ConfigError("give pretrained (weights from the cache) or pretrained_weights (a local file), not both")
     refusal = model_refusal(config.model or spec.default_model, config.pretrained, bool(config.freeze_batchnorm))

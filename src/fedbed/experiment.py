@@ -29,6 +29,7 @@ from fedbed.config import (
     validate,
 )
 from fedbed.federation.checkpoints import load_checkpoint
+from fedbed.federation.devices import device_description
 from fedbed.federation.engine import (
     EngineError,
     Federation,
@@ -276,14 +277,16 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
     (run_dir / CONFIG_NAME).write_text(yaml.safe_dump(resolved, sort_keys=False))
     echo(
         f"{built.algorithm.name} on {dataset.name}, target {config.target}: {len(partitions)} client(s) "
-        f"holding {[[dataset.domain_names[d] for d in p.domains] for p in partitions]}, run dir {run_dir}, backend {backend}"
+        f"holding {[[dataset.domain_names[d] for d in p.domains] for p in partitions]}, run dir {run_dir}, backend {backend}, "
+        f"device {built.context.device}{'' if config.precision in (None, 'fp32') else ', precision ' + config.precision}"
     )
     starts: list[dict[str, Any]] = []
 
     def note_start(completed_rounds: int) -> None:
         # A resumption with no round left to run trains nothing: no new start is recorded.
         done = completed_rounds >= config.rounds
-        starts.extend(read_starts(run_dir) if done else record_start(run_dir, completed_rounds, dataset.fingerprint))
+        starts.extend(read_starts(run_dir) if done else record_start(run_dir, completed_rounds, dataset.fingerprint,
+                                                                               built.context.device))
 
     began = time.perf_counter()
     evaluations = run_rounds(
@@ -308,6 +311,8 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
         "seed": config.seed,
         "rounds": config.rounds,
         "backend": backend,
+        "device": device_description(built.context.device),
+        "precision": config.precision or "fp32",
         "clients": [[dataset.domain_names[d] for d in p.domains] for p in partitions],
         "wall_seconds": time.perf_counter() - began,
         "selection": {rule: select_round(evaluations, rule) for rule in SELECTION_RULES},

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from fedbed.federation.devices import device_description
 from fedbed.run_directory import PROVENANCE_NAME
-
 
 UNRECORDED = "unrecorded"
 """The source fingerprint of a run whose summary holds no provenance (made before it was recorded)."""
@@ -62,7 +62,8 @@ def current_provenance() -> dict[str, Any]:
     }
 
 
-def record_start(run_dir: Path, completed_rounds: int, data_fingerprint: str | None = None) -> list[dict[str, Any]]:
+def record_start(run_dir: Path, completed_rounds: int, data_fingerprint: str | None = None,
+                 device: torch.device | None = None) -> list[dict[str, Any]]:
     """Append this start of the run to ``run_dir/provenance.jsonl`` and return every start
     recorded so far, oldest first.
 
@@ -73,6 +74,8 @@ def record_start(run_dir: Path, completed_rounds: int, data_fingerprint: str | N
             resumed one). A resumed run without a record (begun before starts were recorded)
             gets a first start from round 0 whose source is :data:`UNRECORDED`.
         data_fingerprint: the data this start reads (:attr:`fedbed.data.DomainDataset.fingerprint`).
+        device: where this start computes: its name, and the CUDA and cuDNN versions
+            (:func:`fedbed.federation.devices.device_description`).
     """
     path = run_dir / PROVENANCE_NAME
     if completed_rounds == 0:
@@ -81,7 +84,8 @@ def record_start(run_dir: Path, completed_rounds: int, data_fingerprint: str | N
         path.write_text(json.dumps({"after_round": 0, "source": UNRECORDED}) + "\n")
     with path.open("a") as log:
         data = {"data_fingerprint": data_fingerprint} if data_fingerprint is not None else {}
-        log.write(json.dumps({"after_round": completed_rounds, **current_provenance(), **data}) + "\n")
+        placed = device_description(device) if device is not None else {}
+        log.write(json.dumps({"after_round": completed_rounds, **current_provenance(), **data, **placed}) + "\n")
     return read_starts(run_dir)
 
 

@@ -112,7 +112,8 @@ class FedSRTrainer(SupervisedTrainer):
         if "prior" not in state:
             model: FedSRModel = self.model  # type: ignore[assignment]
             classes, z_dim = model.classifier.out_features, model.feature_dim
-            state["prior"] = {"mean": torch.zeros(classes, z_dim), "raw_std": torch.ones(classes, z_dim), "scale": torch.ones(())}
+            state["prior"] = {"mean": torch.zeros(classes, z_dim, device=self.device), "raw_std": torch.ones(classes, z_dim, device=self.device),
+                              "scale": torch.ones((), device=self.device)}
         return list(state["prior"].values())
 
     def batch_loss(self, model: FedSRModel, batch: Batch, payload: Payload, state: dict[str, Any]) -> torch.Tensor:

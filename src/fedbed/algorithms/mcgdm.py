@@ -240,7 +240,7 @@ def supervised_contrastive_loss(features: torch.Tensor, labels: torch.Tensor, te
     """
     z = nn.functional.normalize(features, dim=1)
     logits = z @ z.T / temperature
-    self_mask = torch.eye(len(z), dtype=torch.bool)
+    self_mask = torch.eye(len(z), dtype=torch.bool, device=z.device)
     logits = logits.masked_fill(self_mask, float("-inf"))
     log_probability = logits - torch.logsumexp(logits, dim=1, keepdim=True)
     positives = (labels[:, None] == labels[None, :]) & ~self_mask

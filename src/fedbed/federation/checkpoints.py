@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from fedbed.federation.devices import HOST
+
 
 class EngineError(RuntimeError):
     """Raised when a run cannot go on (a method that needs every selected client lost one, a
@@ -51,7 +53,7 @@ def load_checkpoint(path: Path, strategy, clients=None) -> int:
             the method (its arrays do not fit).
     """
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        checkpoint = torch.load(path, map_location=HOST, weights_only=False)
         strategy.load_state_dict(checkpoint["strategy"])
         if clients is not None:
             clients.load_state_dict(checkpoint["client_states"])

@@ -10,8 +10,10 @@ replies), the checkpoints and every client's state between rounds stay on the CP
 
 ``precision`` (a run setting): ``fp32``, or ``bf16`` / ``fp16`` mixed precision through
 :func:`torch.autocast` around the clients' forward passes and losses (:func:`autocast`), with
-a gradient scaler for ``fp16`` (:func:`gradient_scaler`, torch's ``torch.amp.GradScaler``); the
-server's aggregation and the evaluation stay in fp32.
+a gradient scaler for ``fp16`` (:func:`gradient_scaler`, torch's ``torch.amp.GradScaler``, which
+exists for CPUs too, so every path runs on a CPU); the server's aggregation and the evaluation
+stay in fp32. bf16 is the reduced precision a CPU computes natively; fp16 on a CPU is emulated
+and slow.
 """
 
 from __future__ import annotations
@@ -106,21 +108,6 @@ def set_deterministic(enabled: bool) -> None:
     torch.use_deterministic_algorithms(enabled)
     torch.backends.cudnn.benchmark = not enabled
     torch.backends.cudnn.deterministic = enabled
-
-
-def precision_refusal(precision: str | None, device_name: str | None) -> str | None:
-    """Why ``precision`` cannot run on the device the setting names, or ``None``.
-
-    ``fp16`` needs a CUDA device (its gradient scaler exists for CUDA; on a CPU use ``bf16``).
-    """
-    if precision in (None, "fp32", "bf16"):
-        return None
-    if precision != "fp16":
-        return f"unknown precision {precision!r}; choose fp32, bf16 or fp16"
-    name = device_name or "auto"
-    if name == "cpu" or name == "mps" or (name == "auto" and not torch.cuda.is_available()):
-        return "precision fp16 needs a CUDA device (a gradient scaler); on a CPU use --precision bf16"
-    return None
 
 
 def autocast(device: torch.device, precision: str | None) -> contextlib.AbstractContextManager:

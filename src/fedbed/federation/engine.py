@@ -37,6 +37,7 @@ from fedbed.federation.client_evaluation import (
     combine_client_statistics,
     evaluation_payloads,
 )
+from fedbed.federation.devices import HOST
 from fedbed.federation.evaluation import evaluate_models
 from fedbed.federation.linear_probe import LinearProbe
 from fedbed.federation.local_data import ClientData, UnlabeledImages
@@ -85,6 +86,7 @@ class Federation:
             a later reply is dropped as late. ``None``: no limit. In-process the fit is measured
             after it returns (a running fit cannot be pre-empted); on Flower the transport's
             round timeout also stops waiting for a silent node.
+        device: where the server evaluates its models (they live on the CPU between evaluations).
         update_norm_factor: an update whose norm exceeds this many times the round's median
             update norm is dropped (:func:`outlying_updates`; ``inf`` turns the check off).
     """
@@ -104,6 +106,7 @@ class Federation:
     adaptation_labels_for_the_log: torch.Tensor | None = None
     client_timeout: float | None = None
     update_norm_factor: float = DEFAULT_UPDATE_NORM_FACTOR
+    device: torch.device = HOST
 
 
 def adaptation_log(pseudo_labels: list[int], labels: torch.Tensor | None) -> dict[str, Any]:
@@ -138,7 +141,7 @@ def evaluate_federation(federation: Federation) -> tuple[dict[str, Any], dict[st
         id_domains = sorted({d for domains in federation.client_domains for d in domains})
     evaluation = evaluate_models(models, federation.holdout, federation.target, federation.domain_names,
                                  federation.task, id_statistics, federation.probe, federation.num_classes, federation.seed,
-                                 id_domains)
+                                 id_domains, federation.device)
     return evaluation, dropped
 
 

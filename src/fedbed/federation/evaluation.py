@@ -19,6 +19,7 @@ evaluations is what a single final round estimates, with less noise. It reads no
 
 from __future__ import annotations
 
+import contextlib
 import math
 from statistics import fmean, stdev
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedbed.federation.devices import HOST, on_device
 from fedbed.federation.linear_probe import LinearProbe
 from fedbed.federation.local_data import ClientData
 
@@ -108,6 +110,7 @@ def evaluate_models(
     num_classes: int = 0,
     seed: int = 0,
     id_domains: list[int] | None = None,
+    device: torch.device = HOST,
 ) -> dict[str, Any]:
     """id and ood scores: accuracy (percent) or, for regression, Pearson r, per domain.
 
@@ -129,6 +132,7 @@ def evaluate_models(
         seed: the run's seed (fixes the probe's shares).
         id_domains: the source domains to score from ``id_statistics`` (default: ``holdout``'s,
             which a server holding no source data, the data being spread over the sites, lacks).
+        device: where the models are scored (batched; each model returns to where it was).
 
     Returns:
         ``{"metric": name, "id": {domain: score}, "id_mean": float, "ood": {domain: score},
@@ -137,6 +141,16 @@ def evaluate_models(
         sample standard deviation (percentage points) over the repeats, each repeat's score
         averaged over the models (FedGaLA Sec. 4 reports mean ± std over probe seeds).
     """
+    with contextlib.ExitStack() as placed:
+        for model in {id(model): model for model, _ in models}.values():
+            placed.enter_context(on_device(model, device))
+        return _scores(models, holdout, target, domain_names, task, id_statistics, probe, num_classes, seed, id_domains)
+
+
+def _scores(models: list[tuple[nn.Module, tuple[int, ...] | None]], holdout: dict[int, ClientData],
+            target: dict[int, ClientData], domain_names: tuple[str, ...], task: str, id_statistics: IdStatistics | None,
+            probe: LinearProbe | None, num_classes: int, seed: int, id_domains: list[int] | None) -> dict[str, Any]:
+    """:func:`evaluate_models` with the models where they are."""
     result: dict[str, Any] = {"metric": METRICS[task] if probe is None else "linear_probe_accuracy", "id": {}, "ood": {}}
     spread: dict[str, dict[str, float]] = {"id": {}, "ood": {}}
 

@@ -16,6 +16,7 @@ import torch
 from fedbed.data.augmentation import Augmentation
 from fedbed.data.base import DomainDataset
 from fedbed.data.images import ImageRows, image_rows
+from fedbed.federation.devices import HOST
 from fedbed.seeding import derive_seed
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -67,6 +68,12 @@ class Batch:
     views: tuple[torch.Tensor, ...] = ()
     number: int = 0
 
+    def to(self, device: torch.device) -> "Batch":
+        """The batch with its tensors on ``device`` (itself when they are there already)."""
+        if self.inputs.device == device:
+            return self
+        return Batch(self.inputs.to(device), self.targets.to(device), tuple(view.to(device) for view in self.views), self.number)
+
 
 @dataclass(frozen=True)
 class UnlabeledImages:
@@ -99,10 +106,12 @@ class UnlabeledImages:
     @torch.no_grad()
     def outputs_of(self, module: torch.nn.Module, chunk_size: int = 1024) -> torch.Tensor:
         """``module``'s outputs on every sample in order, in eval mode and without gradients
-        (the module's mode is restored): ``[n, ...]``."""
+        (the module's mode is restored): ``[n, ...]`` on the CPU, computed batched on the device
+        the module's parameters are on."""
         was_training = module.training
         module.eval()
-        outputs = torch.cat([module(inputs) for inputs in self.input_chunks(chunk_size)])
+        device = next(module.parameters(), torch.empty(0)).device
+        outputs = torch.cat([module(inputs.to(device)).to(HOST) for inputs in self.input_chunks(chunk_size)])
         module.train(was_training)
         return outputs
 

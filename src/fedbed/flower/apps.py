@@ -40,12 +40,23 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedbed.build import BuiltRun, build_run
-from fedbed.config import ExperimentConfig, ValidatedConfig, config_from_mapping, validated_settings
+from fedbed.config import (
+    ExperimentConfig,
+    ValidatedConfig,
+    config_from_mapping,
+    validated_settings,
+)
 from fedbed.experiment import execute_run
+from fedbed.federation.devices import HOST
 from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.transport import ClientTransport, fit_client
 from fedbed.flower.common import FlowerError
-from fedbed.flower.records import payload_from_records, payload_to_records, reply_from_records, reply_to_records
+from fedbed.flower.records import (
+    payload_from_records,
+    payload_to_records,
+    reply_from_records,
+    reply_to_records,
+)
 
 SETTING_PREFIX = "fedbed."
 """Prefix of the run-config keys holding the experiment's settings, one key per setting
@@ -119,7 +130,7 @@ def _load_state(context: Context) -> dict[str, Any]:
     record = context.state.config_records.get(STATE_RECORD)
     if record is None:
         return {}
-    return torch.load(io.BytesIO(record["state"]), map_location="cpu", weights_only=False)
+    return torch.load(io.BytesIO(record["state"]), map_location=HOST, weights_only=False)
 
 
 def _save_state(context: Context, state: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from fedbed.federation.devices import HOST
 from fedbed.federation.messages import Payload, Reply
 
 ARRAYS, READ_ONLY_ARRAYS, CONFIG, METRICS = "arrays", "read-only-arrays", "config", "metrics"
@@ -22,7 +23,7 @@ NUM_EXAMPLES = "num_examples"
 
 
 def _to_array_record(arrays: dict[str, torch.Tensor]) -> ArrayRecord:
-    return ArrayRecord({name: tensor.detach().cpu().contiguous() for name, tensor in arrays.items()})
+    return ArrayRecord({name: tensor.detach().to(HOST).contiguous() for name, tensor in arrays.items()})
 
 
 def _from_array_record(record: ArrayRecord) -> dict[str, torch.Tensor]:

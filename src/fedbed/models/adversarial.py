@@ -121,5 +121,5 @@ class FedADGModel(DomainClassifier):
         if self.reference is None:
             return None
         if self.reference == "generator":
-            return self.generator(torch.rand(len(labels), self.noise_dim), self.one_hot(labels))
-        return reference_sample(self.reference, (len(labels), self.feature_dim))
+            return self.generator(torch.rand(len(labels), self.noise_dim, device=labels.device), self.one_hot(labels))
+        return reference_sample(self.reference, (len(labels), self.feature_dim)).to(labels.device)

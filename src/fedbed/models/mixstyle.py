@@ -38,7 +38,7 @@ class MixStyle(nn.Module):
         mean = features.mean(dim=(2, 3), keepdim=True).detach()
         std = (features.var(dim=(2, 3), keepdim=True) + self.eps).sqrt().detach()
         normalised = (features - mean) / std
-        mix = torch.distributions.Beta(self.alpha, self.alpha).sample((len(features), 1, 1, 1)).to(features.dtype)
+        mix = torch.distributions.Beta(self.alpha, self.alpha).sample((len(features), 1, 1, 1)).to(device=features.device, dtype=features.dtype)
         partners = torch.randperm(len(features))
         mixed_mean = mix * mean + (1 - mix) * mean[partners]
         mixed_std = mix * std + (1 - mix) * std[partners]

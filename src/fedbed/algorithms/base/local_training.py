@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -19,6 +20,13 @@ from fedbed.algorithms.base.registry import (
 )
 from fedbed.data.augmentation import Augmentation
 from fedbed.federation.arrays import clone_arrays
+from fedbed.federation.devices import (
+    HOST,
+    autocast,
+    gradient_scaler,
+    to_device,
+    to_host,
+)
 from fedbed.federation.local_data import Batch, ClientData
 from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.strategy import ClientTrainer
@@ -112,6 +120,7 @@ def run_batches(
     augmentation_seed: int = 0,
     augment_inputs: bool = False,
     first_number: int = 0,
+    device: torch.device = HOST,
 ) -> tuple[float, int]:
     """One training phase: feed ``data``'s batches to ``step`` for the budget.
 
@@ -129,6 +138,8 @@ def run_batches(
         augmentation_seed: seed of the views (:meth:`ClientData.batches`).
         augment_inputs: the batch's ``inputs`` are its first view.
         first_number: the number of this phase's first batch.
+        device: where ``step`` computes: each batch is drawn (and augmented) on the CPU, where
+            the client's ``uint8`` images stay, and moved there.
 
     Returns:
         ``(mean loss over the steps taken, number of steps)``.
@@ -140,7 +151,7 @@ def run_batches(
     while (epochs is None or epoch < epochs) and (max_steps is None or steps < max_steps):
         for batch in data.batches(budget.batch_size, generator, augmentation, augmentation_seed,
                                   first_number + steps, augment_inputs):
-            total += step(batch)
+            total += step(batch.to(device))
             steps += 1
             if max_steps is not None and steps >= max_steps:
                 break
@@ -158,12 +169,14 @@ def train_locally(
     extra_parameters: Sequence[torch.Tensor] = (),
     before_step: Callable[[torch.optim.Optimizer], None] | None = None,
     after_step: Callable[[], None] | None = None,
+    precision: str | None = None,
     **batch_options: Any,
 ) -> float:
     """Minimise ``batch_loss(batch)`` on ``data`` for the budget with one optimiser.
 
     Args:
-        model: trained in place (its parameters are optimised).
+        model: trained in place (its parameters are optimised), on the device ``batch_options``
+            names (the CPU by default).
         data: the client's samples.
         hparams: the optimiser.
         budget: ``local_epochs`` full passes, or ``local_steps`` batches (cycling through epochs).
@@ -172,24 +185,38 @@ def train_locally(
         extra_parameters: further tensors optimised alongside the model (e.g. FedSR's prior).
         before_step: called after ``backward`` and before the optimiser's step with the
             optimiser; it may edit or drop (set to ``None``) the gradients of any parameter
-            group (FedGaLA's local alignment).
+            group (FedGaLA's local alignment). Under ``fp16`` it sees the unscaled gradients.
         after_step: called after every optimiser step (a momentum encoder's or a target
             network's moving average: MoCo, BYOL).
-        batch_options: passed to :func:`run_batches` (augmentation and its seed).
+        precision: ``bf16`` or ``fp16``: ``batch_loss`` runs under ``torch.autocast``
+            (:func:`fedbed.federation.devices.autocast`), with a gradient scaler for ``fp16``;
+            ``fp32`` or ``None``: as written.
+        batch_options: passed to :func:`run_batches` (augmentation, its seed, the device).
 
     Returns:
         The mean training loss over the steps taken.
     """
     model.train()
     optimizer = make_optimizer([*model.parameters(), *extra_parameters], hparams)
+    device = batch_options.get("device", HOST)
+    scaler = gradient_scaler(device, precision)
 
     def step(batch: Batch) -> float:
-        loss = batch_loss(batch)
+        with autocast(device, precision):
+            loss = batch_loss(batch)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        if scaler is None:
+            loss.backward()
+        else:
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
         if before_step is not None:
             before_step(optimizer)
-        optimizer.step()
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
         if after_step is not None:
             after_step()
         return float(loss.detach())
@@ -253,7 +280,9 @@ class LocalTrainer(ClientTrainer):
         self.task = context.task
         self.augmentation: Augmentation | None = context.augmentation
         self.augment_inputs = True
-        self.model = context.model_factory()
+        self.device = context.device
+        self.precision = context.precision
+        self.model = context.model_factory().to(self.device)
         self._logged: dict[str, list[float]] = {}
 
     def starting_arrays(self, payload: Payload, state: dict[str, Any]) -> Mapping[str, torch.Tensor]:
@@ -319,7 +348,7 @@ class LocalTrainer(ClientTrainer):
         local = [tensor.requires_grad_(True) for tensor in self.local_parameters(state)]
         loss = train_locally(model, data, hparams, self.budget, generator,
                              lambda batch: self.batch_loss(model, batch, payload, state), local,
-                             before_step=self.before_step, after_step=self.after_step,
+                             before_step=self.before_step, after_step=self.after_step, precision=self.precision,
                              **self.batch_options(payload))
         for tensor in local:
             tensor.requires_grad_(False)
@@ -329,7 +358,11 @@ class LocalTrainer(ClientTrainer):
         """The augmentation options of :func:`run_batches` this round (views, their seed, and
         whether ``inputs`` is the first view)."""
         return {"augmentation": self.augmentation, "augmentation_seed": augmentation_seed(payload),
-                "augment_inputs": self.augment_inputs and self.augmentation is not None}
+                "augment_inputs": self.augment_inputs and self.augmentation is not None, "device": self.device}
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The run's mixed-precision context, for a trainer that writes its own steps (FedADG)."""
+        return autocast(self.device, self.precision)
 
     def end_round(self, model: nn.Module, state: dict[str, Any]) -> None:
         """Store in the round's copy of the state what the next round needs (nothing by default)."""
@@ -347,7 +380,7 @@ class LocalTrainer(ClientTrainer):
     def fit(self, payload: Payload, data: ClientData, state: dict[str, Any]) -> Reply:
         """One round on this client (class docstring); never overridden by a method."""
         model = self.model
-        working = copy.deepcopy(state)
+        working = to_device(copy.deepcopy(state), self.device)
         model.load_state_dict(self.starting_arrays(payload, working))
         generator = torch.Generator().manual_seed(int(payload.config["batch_seed"]))
         hparams = round_hyperparameters(self.hparams, payload)
@@ -359,8 +392,8 @@ class LocalTrainer(ClientTrainer):
         metrics.update({name: sum(values) / len(values) for name, values in self._logged.items()})
         metrics.update(self.round_metrics(working))
         state.clear()
-        state.update(working)
-        return Reply(arrays=clone_arrays(model.state_dict()), num_examples=len(data), metrics=metrics)
+        state.update(to_host(working))
+        return Reply(arrays=to_host(clone_arrays(model.state_dict())), num_examples=len(data), metrics=metrics)
 
 
 class SupervisedTrainer(LocalTrainer):

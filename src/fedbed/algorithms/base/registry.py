@@ -7,9 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fedbed.data.augmentation import Augmentation
+from fedbed.federation.devices import HOST, PRECISIONS
 from fedbed.federation.strategy import ClientTrainer, ServerStrategy
 from fedbed.models import DomainClassifier
 
@@ -59,6 +61,8 @@ class AlgorithmContext:
         seed: the run's seed.
         task: ``"classification"`` (cross-entropy) or ``"regression"`` (mean squared error).
         augmentation: the run's ``augmentation`` setting (``None``: train on the images as stored).
+        device: where the clients train (:func:`fedbed.federation.devices.resolve_device`).
+        precision: ``fp32`` (``None``), ``bf16`` or ``fp16``: the clients' mixed precision.
     """
 
     model_factory: Callable[[], DomainClassifier]
@@ -66,6 +70,8 @@ class AlgorithmContext:
     seed: int
     task: str = "classification"
     augmentation: Augmentation | None = None
+    device: torch.device = HOST
+    precision: str | None = None
 
 
 class Algorithm(ABC):
@@ -96,6 +102,8 @@ class Algorithm(ABC):
             whose server needs each client's own update or model (PPDG, AgrSum, PCGrad, FedGMA,
             FedGaLA's global alignment, hFedF's GradAlign, MCGDM's heads, Local-only): both
             settings are refused for it.
+        precisions: the ``precision`` settings its clients can train in (every one by default;
+            the others are refused at validation).
     """
 
     name: ClassVar[str]
@@ -107,6 +115,7 @@ class Algorithm(ABC):
     evaluation_protocol: ClassVar[str] = "argmax"
     draws_its_own_views: ClassVar[bool] = False
     secure_aggregation_compatible: ClassVar[bool] = True
+    precisions: ClassVar[tuple[str, ...]] = PRECISIONS
 
     def wrap_model(self, model: DomainClassifier, hparams: Any) -> DomainClassifier:
         """The model the method trains, built around the protocol's model (unchanged by default;

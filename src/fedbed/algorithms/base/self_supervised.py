@@ -70,11 +70,16 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedbed.algorithms.base.local_training import LocalTrainer, LocalTrainingHyperparameters, proximal_term
+from fedbed.algorithms.base.local_training import (
+    LocalTrainer,
+    LocalTrainingHyperparameters,
+    proximal_term,
+)
 from fedbed.algorithms.base.model_aggregation import FedAvgStrategy
 from fedbed.algorithms.base.registry import Algorithm, AlgorithmContext
 from fedbed.data.augmentation import AUGMENTATIONS, Augmentation
 from fedbed.federation.arrays import clone_arrays
+from fedbed.federation.devices import to_device
 from fedbed.federation.local_data import Batch, ClientData
 from fedbed.federation.messages import Payload
 from fedbed.federation.strategy import ServerStrategy
@@ -222,13 +227,13 @@ class SelfSupervisedTrainer(LocalTrainer):
 
     def begin_round(self, model: SelfSupervisedModel, payload: Payload, state: dict[str, Any]) -> None:
         """The objective's client-side networks and tensors of this round, from the state."""
-        self.modules = self.objective.local_modules(model)
+        self.modules = {name: module.to(self.device) for name, module in self.objective.local_modules(model).items()}
         for name, module in self.modules.items():
             if name in state.get("modules", {}):
                 module.load_state_dict(state["modules"][name])
             module.train()
         self.buffers = ({name: tensor.clone() for name, tensor in state["buffers"].items()} if "buffers" in state
-                        else self.objective.initial_buffers(model))
+                        else to_device(self.objective.initial_buffers(model), self.device))
 
     def local_parameters(self, state: dict[str, Any]) -> list[torch.Tensor]:
         """The parameters of the objective's trained local modules (predictors)."""

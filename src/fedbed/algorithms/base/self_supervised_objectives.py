@@ -43,8 +43,8 @@ def nt_xent_loss(first: torch.Tensor, second: torch.Tensor, temperature: float) 
         raise ValueError(f"the NT-Xent temperature must be positive, got {temperature}")
     count = first.shape[0]
     z = nn.functional.normalize(torch.cat([first, second]), dim=1)
-    logits = (z @ z.T / temperature).masked_fill(torch.eye(2 * count, dtype=torch.bool), float("-inf"))
-    positives = torch.cat([torch.arange(count) + count, torch.arange(count)])
+    logits = (z @ z.T / temperature).masked_fill(torch.eye(2 * count, dtype=torch.bool, device=z.device), float("-inf"))
+    positives = torch.cat([torch.arange(count, device=z.device) + count, torch.arange(count, device=z.device)])
     return nn.functional.cross_entropy(logits, positives)
 
 
@@ -61,7 +61,7 @@ def queue_contrastive_loss(queries: torch.Tensor, keys: torch.Tensor, queue: tor
     q = nn.functional.normalize(queries, dim=1)
     k = nn.functional.normalize(keys.detach(), dim=1)
     logits = torch.cat([(q * k).sum(dim=1, keepdim=True), q @ queue.detach().T], dim=1) / temperature
-    return nn.functional.cross_entropy(logits, torch.zeros(len(q), dtype=torch.long))
+    return nn.functional.cross_entropy(logits, torch.zeros(len(q), dtype=torch.long, device=q.device))
 
 
 def negative_cosine(predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -123,7 +123,7 @@ class MoCoObjective(Objective):
         # Enqueue (replacing the oldest keys) after the loss has read the queue.
         keys = keys[-self.queue_size:]
         position = int(buffers["queue_position"])
-        buffers["queue"][(position + torch.arange(len(keys))) % self.queue_size] = keys
+        buffers["queue"][(position + torch.arange(len(keys), device=keys.device)) % self.queue_size] = keys.to(buffers["queue"].dtype)
         buffers["queue_position"].fill_((position + len(keys)) % self.queue_size)
         return loss
 

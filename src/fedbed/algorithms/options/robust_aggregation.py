@@ -38,6 +38,7 @@ import numpy
 import torch
 
 from fedbed.algorithms.base.model_aggregation import ClientModels, ModelAggregation
+from fedbed.federation.devices import HOST
 from fedbed.federation.strategy import TooFewReplies
 
 ROBUST_RULES = ("median", "trimmed_mean", "krum", "multi_krum")
@@ -142,7 +143,7 @@ class RobustAggregation(ModelAggregation):
         if not names:
             raise ValueError(f"robust_aggregation: {self.rule} has no trainable floating-point parameter to rank clients by")
         sizes = [max(1, round(weight)) for weight in models.weights]
-        results = [([array[name].detach().cpu().numpy() for name in names], size)
+        results = [([array[name].detach().to(HOST).numpy() for name in names], size)
                    for array, size in zip(models.arrays, sizes)]
         selected = None
         if self.rule == "median":
@@ -161,7 +162,7 @@ class RobustAggregation(ModelAggregation):
             total = sum(sizes[index] for index in kept)
             for name in current:  # the buffers of the kept clients, n_k-weighted as Flower's mean
                 if name not in values:
-                    values[name] = sum(models.arrays[index][name].detach().cpu().double().numpy() * (sizes[index] / total)
+                    values[name] = sum(models.arrays[index][name].detach().to(HOST).double().numpy() * (sizes[index] / total)
                                        for index in kept)
         state = {}
         for name in current:
