@@ -167,3 +167,27 @@ def test_every_method_trains_on_cuda_in_mixed_precision(precision, tmp_path):
                                         run_dir=tmp_path / name), progress=False, echo=lambda *_: None)
         line = json.loads((tmp_path / name / "rounds.jsonl").read_text().splitlines()[0])
         assert line["dropped"] == {} and math.isfinite(line["metrics"]["train_loss"]), name
+
+
+def test_client_resources_reach_the_flower_simulation(monkeypatch):
+    """flower-sim hands Ray the config's CPUs and GPU share per client actor (a placement setting)."""
+    import flwr.simulation
+
+    from fedbed.config import PLACEMENT_SETTINGS
+    from fedbed.flower import simulation
+
+    captured = {}
+
+    def fake_run_simulation(*, server_app, client_app, num_supernodes, backend_config):
+        captured.update(backend_config)
+        raise RuntimeError("stopped before starting Ray")
+
+    monkeypatch.setattr(flwr.simulation, "run_simulation", fake_run_simulation)
+    config = ExperimentConfig(rounds=1, local_steps=1, client_resources={"cpus": 2, "gpus": 0.25})
+    with pytest.raises(Exception, match="stopped before starting Ray"):
+        simulation.run_flower_simulation(config, echo=lambda *_: None, cpus=2)
+    assert captured["client_resources"] == {"num_cpus": 2.0, "num_gpus": 0.25}
+    assert captured["init_args"]["num_gpus"] == torch.cuda.device_count()
+    assert "client_resources" in PLACEMENT_SETTINGS
+    with pytest.raises(ConfigError, match="client_resources"):
+        ExperimentConfig(client_resources={"gpus": -1})

@@ -75,6 +75,20 @@ def name_from_number(value: Any) -> Any:
     return value
 
 
+class ClientResources(BaseModel):
+    """What Flower's simulation gives each client actor (Ray's ``client_resources``).
+
+    Attributes:
+        cpus: CPU cores per client actor (1).
+        gpus: the share of a GPU per client actor (0; 0.25 packs four clients on one GPU); with
+            ``device: auto`` or ``cuda`` a client with a share trains on the GPU Ray gives it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    cpus: float = Field(1.0, gt=0)
+    gpus: float = Field(0.0, ge=0)
+
+
 class ExperimentConfig(BaseModel):
     """Every setting of one run (leave-one-domain-out, one target domain).
 
@@ -122,6 +136,8 @@ class ExperimentConfig(BaseModel):
             forward passes and losses (``torch.autocast``; ``fp16`` with a gradient scaler);
             aggregation and evaluation stay in fp32. A method that cannot train in one says so
             at validation (``Algorithm.precisions``).
+        client_resources: ``flower-sim`` only: CPUs and the share of a GPU each client actor gets
+            (:class:`ClientResources`; unset: one CPU, no GPU). A placement setting.
         deterministic: torch's deterministic algorithms (and what CUDA needs for them), so a
             seed fixes a GPU run as it fixes a CPU run (README, "Running on a GPU").
         holdout_fraction: id-validation share of every source domain (DomainBed 0.2; hFedF 0.1).
@@ -218,6 +234,7 @@ class ExperimentConfig(BaseModel):
     device: str | None = None
     precision: Literal[PRECISIONS] | None = None
     deterministic: bool | None = None
+    client_resources: ClientResources | None = None
     holdout_fraction: float = Field(0.2, gt=0, lt=1)
     partition: Literal["domain", "domains_per_client", "lambda_mix"] = "domain"
     num_clients: int | None = Field(None, gt=0)
@@ -693,7 +710,7 @@ def check_server_options(config: ExperimentConfig, algorithm: Algorithm, clients
         raise ConfigError(f"attacking_clients is {config.attacking_clients}, but the run has {clients} client(s)")
 
 
-PLACEMENT_SETTINGS = frozenset({"data_root", "run_dir", "id_evaluation", "device"})
+PLACEMENT_SETTINGS = frozenset({"data_root", "run_dir", "id_evaluation", "device", "client_resources"})
 """Settings that say where a run reads its data, writes its files, scores its id holdouts and
 computes (``device``), not what it computes (site-side and server-side id scores are the same sums,
 :mod:`fedbed.federation.client_evaluation`; in another process with another thread count a

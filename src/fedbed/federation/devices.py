@@ -82,6 +82,11 @@ def resolve_device(name: str | None) -> torch.device:
     return torch.device(name)
 
 
+def gpu_count() -> int:
+    """CUDA devices this process sees (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def device_description(device: torch.device) -> dict[str, Any]:
     """What the provenance and the summary record of the device: its type and index, its name
     (the CUDA device's, or ``cpu``), and the CUDA and cuDNN versions torch was built with (``None``

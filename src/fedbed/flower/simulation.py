@@ -7,7 +7,13 @@ import logging
 import os
 from typing import Any, Callable
 
-from fedbed.config import ExperimentConfig, ValidatedConfig, as_validated
+from fedbed.config import (
+    ClientResources,
+    ExperimentConfig,
+    ValidatedConfig,
+    as_validated,
+)
+from fedbed.federation.devices import gpu_count
 from fedbed.flower.common import OFFLINE_ENVIRONMENT, FlowerError
 
 
@@ -29,7 +35,9 @@ def run_flower_simulation(config: ExperimentConfig | ValidatedConfig, *, progres
             apps receive them validated and do not validate them again.
         progress: show the engine's progress bar.
         echo: where one-line messages go.
-        cpus: CPUs Ray may use (default: all cores); client actors = ``cpus`` (one CPU each).
+        cpus: CPUs Ray may use (default: all cores); client actors = ``cpus`` / the config's
+            ``client_resources.cpus`` (one CPU each by default), each with its
+            ``client_resources.gpus`` share of a GPU (Ray then sees this machine's GPUs).
 
     Raises:
         ConfigError: invalid settings, or data spread over machines missing a domain here.
@@ -47,9 +55,11 @@ def run_flower_simulation(config: ExperimentConfig | ValidatedConfig, *, progres
     outcome: dict[str, Any] = {}
     server, client = make_apps(validated, "flower-sim", outcome, progress=progress, echo=echo)
     cpus = cpus or os.cpu_count() or 1
+    resources = validated.config.client_resources or ClientResources()
     backend_config = {
-        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-        "init_args": {"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False, "log_to_driver": False},
+        "client_resources": {"num_cpus": resources.cpus, "num_gpus": resources.gpus},
+        "init_args": {"num_cpus": cpus, "num_gpus": gpu_count() if resources.gpus else 0, "include_dashboard": False,
+                      "log_to_driver": False},
     }
     flower_log = logging.getLogger("flwr")
     flower_log.addFilter(_run_simulation_notice)
