@@ -53,7 +53,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="fedbed-mapped-") as prepared:
             started = time.perf_counter()
             subprocess.run([sys.executable, "-m", "fedbed", "data", "prepare", "PACS", "--size", str(args.image_size),
-                            "--data-root", str(data_root), "--output-root", prepared], check=True, stdout=subprocess.DEVNULL)
+                            "--data-root", str(data_root), "--output-root", prepared, "--memory-mapped"], check=True, stdout=subprocess.DEVNULL)
             print(f"prepared PACS-{args.image_size} memory-mapped in {time.perf_counter() - started:.1f} s (child process)")
             report(Path(prepared), args.image_size)
 

@@ -56,7 +56,7 @@ def prepared(tmp_path):
     """``(tree root, prepared root)``: the tiny tree prepared at 12 px into another root."""
     root = write_tree(tmp_path / "data")
     out = tmp_path / "prepared"
-    assert prepare_dataset("PACS", root, 12, out) == out / "pacs" / "pacs_12.npz"
+    assert prepare_dataset("PACS", root, 12, out, memory_mapped=True) == out / "pacs" / "pacs_12.npz"
     return root, out
 
 
@@ -137,7 +137,7 @@ def test_a_run_reads_either_layout_to_the_same_results(tmp_path):
     from fedbed.experiment import ExperimentConfig, run_experiment
 
     root = write_tree(tmp_path / "data", per_class=2)
-    prepare_dataset("PACS", root, 28, tmp_path / "mapped")
+    prepare_dataset("PACS", root, 28, tmp_path / "mapped", memory_mapped=True)
     save_packed(load_image_folders(root / "PACS", "PACS", 28, PACS_DOMAINS), tmp_path / "compressed" / "pacs" / "pacs_28.npz")
     summaries, logs = [], []
     for name in ("mapped", "compressed"):
@@ -150,3 +150,19 @@ def test_a_run_reads_either_layout_to_the_same_results(tmp_path):
     assert summaries[0]["data_fingerprint"] == summaries[1]["data_fingerprint"]
     assert summaries[0]["data_source"] == f"packed {tmp_path / 'mapped' / 'pacs' / 'pacs_28.npz'}"
     assert logs[0] == logs[1]
+
+
+def test_prepare_chooses_the_layout_by_size_unless_told(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedbed.cli import app
+    from fedbed.data.catalog import MEMORY_MAPPED_FROM
+
+    root = write_tree(tmp_path / "data", per_class=1)
+    small = prepare_dataset("PACS", root, 8)
+    large = prepare_dataset("PACS", root, MEMORY_MAPPED_FROM)
+    assert not images_file(small).exists() and images_file(large).is_file()
+    assert mapped_file(load_packed(large, "PACS").images) == images_file(large)
+    result = CliRunner().invoke(app, ["data", "prepare", str(root / "PACS"), "--size", "8", "--memory-mapped"])
+    assert result.exit_code == 0, result.output
+    assert images_file(root / "PACS" / "PACS_8.npz").is_file()

@@ -254,19 +254,24 @@ def prepare(
     size: Annotated[int, typer.Option(help="Side in pixels after resizing.")] = 32,
     data_root: Annotated[Optional[Path], typer.Option(help="Folder holding <Name>/<domain>/<class>/<image>.")] = None,
     output_root: Annotated[Optional[Path], typer.Option(
-        help="Where to write <name>/<name>_<size>.npz and its images <name>_<size>.images.npy (default: the data "
-             "root; for a path, the folder itself).")] = None,
+        help="Where to write <name>/<name>_<size>.npz (and <name>_<size>.images.npy; default: the data root; for a "
+             "path, the folder itself).")] = None,
+    memory_mapped: Annotated[Optional[bool], typer.Option(
+        "--memory-mapped/--compressed",
+        help="The images uncompressed in <name>_<size>.images.npy, which runs memory-map, or one compressed .npz "
+             "(default: memory-mapped from 128 px on).")] = None,
 ) -> None:
     """Decode and resize a DomainBed folder tree (Camelyon17, FMoW, PovertyMap: WILDS' layouts) once into the packed
-    layout runs read: <name>_<size>.npz with the images uncompressed beside it in <name>_<size>.images.npy, which
-    runs memory-map, so a dataset larger than memory trains (the tree is decoded one image at a time)."""
+    layout runs read: from 128 px on, <name>_<size>.npz with the images uncompressed beside it in
+    <name>_<size>.images.npy, which runs memory-map, so a dataset larger than memory trains (the tree is decoded one
+    image at a time); below, one compressed .npz."""
     from fedbed.data import prepare_dataset, resolve_data_root
     from fedbed.data.base import DataError
 
     if size <= 0:
         fail(f"--size must be positive, got {size}")
     try:
-        path = prepare_dataset(name, resolve_data_root(data_root), size, output_root)
+        path = prepare_dataset(name, resolve_data_root(data_root), size, output_root, memory_mapped)
     except DataError as error:
         fail(str(error))
     typer.echo(f"wrote {path}")

@@ -384,13 +384,19 @@ def _read_dataset(spec: DatasetSpec, data_root: Path | None, image_size: int | N
     return (spec.folder_reader or load_image_folders)(folder, spec.name, size, spec.domain_names)
 
 
-def prepare_dataset(name: str, data_root: Path | None, image_size: int, output_root: Path | None = None) -> Path:
+MEMORY_MAPPED_FROM = 128
+"""Side in pixels from which ``fedbed data prepare`` writes the memory-mapped packed layout by
+default (full resolution, DomainBed's 224); smaller sides (32, 64: a few dozen MB) get one compressed ``.npz``."""
+
+
+def prepare_dataset(name: str, data_root: Path | None, image_size: int, output_root: Path | None = None,
+                    memory_mapped: bool | None = None) -> Path:
     """Decode and resize a DomainBed folder tree (Camelyon17, FMoW, PovertyMap: WILDS' layouts) once into
-    the memory-mapped packed layout (:mod:`fedbed.data.images`), at every size: a DomainBed tree
-    (PACS, VLCS, OfficeHome, TerraIncognita, DomainNet, a path) is decoded one image at a time
-    straight into the images' ``.npy`` (:func:`fedbed.data.images.write_image_folders`), so
-    neither preparing nor training holds the whole dataset in memory; WILDS' readers build the
-    dataset in memory first, then write it.
+    a packed layout (:mod:`fedbed.data.images`): from :data:`MEMORY_MAPPED_FROM` pixels on, the
+    memory-mapped one, into which a DomainBed tree (PACS, VLCS, OfficeHome, TerraIncognita,
+    DomainNet, a path) is decoded one image at a time (:func:`fedbed.data.images.write_image_folders`),
+    so neither preparing nor training holds the whole dataset in memory (WILDS' readers build the
+    dataset in memory first, then write it); below, one compressed ``.npz``.
 
     Args:
         name: an image dataset from :data:`DATASETS`, or the path of a folder tree
@@ -398,8 +404,9 @@ def prepare_dataset(name: str, data_root: Path | None, image_size: int, output_r
         data_root: folder holding ``<Name>/<domain>/<class>/<image>`` (``camelyon17_v1.0/...``,
             ``fmow_v1.1/...``, ``poverty_v1.1/...``).
         image_size: side in pixels.
-        output_root: where to write ``<name>/<name>_<size>.npz`` and its images
-            ``<name>/<name>_<size>.images.npy`` (default: ``data_root``).
+        output_root: where to write ``<name>/<name>_<size>.npz`` (and, memory-mapped, its images
+            ``<name>/<name>_<size>.images.npy``; default: ``data_root``).
+        memory_mapped: the layout; ``None``: memory-mapped from :data:`MEMORY_MAPPED_FROM` px on.
 
     Returns:
         The path of the packed ``.npz``.
@@ -409,8 +416,9 @@ def prepare_dataset(name: str, data_root: Path | None, image_size: int, output_r
             missing folder tree or unreadable images.
     """
     spec = dataset_spec(name)
+    mapped = image_size >= MEMORY_MAPPED_FROM if memory_mapped is None else memory_mapped
     if spec.path is not None:
-        return prepare_path_dataset(spec.path, image_size, output_root)
+        return prepare_path_dataset(spec.path, image_size, output_root, mapped)
     if spec.loader is not None or not spec.folder_names:
         raise DataError(f"{spec.name} needs no preparation: it is built in memory by its loader")
     if data_root is None:
@@ -422,7 +430,8 @@ def prepare_dataset(name: str, data_root: Path | None, image_size: int, output_r
             f"{', '.join(str(data_root / f) for f in spec.folder_names)} holding {spec.layout}"
         )
     target = spec.packed_path(output_root or data_root, image_size)
-    if spec.folder_reader is None:
+    if spec.folder_reader is None and mapped:
         return write_image_folders(folder, spec.name, image_size, target, spec.domain_names)
-    save_packed(spec.folder_reader(folder, spec.name, image_size, spec.domain_names), target, memory_mapped=True)
+    save_packed((spec.folder_reader or load_image_folders)(folder, spec.name, image_size, spec.domain_names), target,
+                memory_mapped=mapped)
     return target

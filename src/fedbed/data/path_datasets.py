@@ -21,7 +21,14 @@ import re
 from pathlib import Path
 
 from fedbed.data.base import DataError, DatasetSpec, DomainDataset
-from fedbed.data.images import domain_folder_names, load_image_folders, load_packed, packed_header, write_image_folders
+from fedbed.data.images import (
+    domain_folder_names,
+    load_image_folders,
+    load_packed,
+    packed_header,
+    save_packed,
+    write_image_folders,
+)
 
 PACKED_SUFFIX = ".npz"
 DEFAULT_IMAGE_SIZE = 32
@@ -183,11 +190,12 @@ def load_path_dataset(spec: DatasetSpec, image_size: int | None) -> DomainDatase
     return dataset
 
 
-def prepare_path_dataset(text: str, image_size: int, output_root: Path | None = None) -> Path:
+def prepare_path_dataset(text: str, image_size: int, output_root: Path | None = None, memory_mapped: bool = False) -> Path:
     """Decode the folder tree at ``text`` once into ``<folder>/<name>_<size>.npz`` (or
     ``output_root/<name>/<name>_<size>.npz``), which ``--dataset`` of the folder (or of
-    ``output_root/<name>``) then reads: the memory-mapped packed layout, its images in
-    ``<name>_<size>.images.npy`` beside it (:func:`fedbed.data.images.write_image_folders`).
+    ``output_root/<name>``) then reads: compressed, or with ``memory_mapped`` the memory-mapped
+    layout, its images in ``<name>_<size>.images.npy`` beside it, decoded one at a time
+    (:func:`fedbed.data.images.write_image_folders`).
 
     A tree of one domain is packed too: a site of a federation whose data is spread over its
     machines holds only its own (``domain_names``, :func:`fedbed.data.catalog.read_present_domains`).
@@ -202,7 +210,10 @@ def prepare_path_dataset(text: str, image_size: int, output_root: Path | None = 
     name = display_name(text)
     target = (output_root / name if output_root else folder) / f"{name}_{image_size}{PACKED_SUFFIX}"
     try:
-        write_image_folders(folder, name, image_size, target)
+        if memory_mapped:
+            write_image_folders(folder, name, image_size, target)
+        else:
+            save_packed(load_image_folders(folder, name, image_size), target)
     except OSError as error:
         raise DataError(f"cannot write {target}: {error.strerror or error}; give --output-root to write elsewhere") from None
     return target
