@@ -87,6 +87,8 @@ SLOW_TESTS = {
     "tests/test_bit_identity.py::test_a_short_run_computes_its_recorded_numbers[local]",
     "tests/test_bit_identity.py::test_a_short_run_computes_its_recorded_numbers[fedsimclr_probe]",
     "tests/test_bit_identity.py::test_a_short_run_computes_its_recorded_numbers[mcgdm_adam]",
+    # the seed papers' configs, each run for one step at 32 px (ResNet-18, DenseNet-121)
+    "tests/test_paper_configs.py::test_each_paper_config_runs_one_round_of_one_step_on_the_cpu",
     # real data (MNIST read in full or parsed twice, a packed file resized)
     "tests/test_data.py::test_embedded_mnist_sample_equals_mlxtends_own_parse",
     "tests/test_data.py::test_shared_mnist_gives_the_full_dataset",
