@@ -92,7 +92,7 @@ def amplitude_mix(images: torch.Tensor, ratio: float = 1.0) -> torch.Tensor:
     spectrum = torch.fft.fft2(images.to(torch.float64))
     amplitude, phase = spectrum.abs(), spectrum.angle()
     partners = torch.randperm(len(images))
-    mix = (torch.rand(len(images), 1, 1, 1, dtype=torch.float64) * ratio)
+    mix = (torch.rand(len(images), 1, 1, 1, dtype=torch.float64) * ratio).to(images.device)  # drawn on the CPU
     mixed = (1 - mix) * amplitude + mix * amplitude[partners]
     restored = torch.fft.ifft2(torch.polar(mixed, phase)).real
     return restored.round().clamp(0, 255).to(torch.uint8)

@@ -44,8 +44,8 @@ def to_model_input(images: torch.Tensor, scaling: str = "imagenet") -> torch.Ten
     if scaling == "symmetric":
         scaled.sub_(0.5).div_(0.5)
     elif scaling == "imagenet" and scaled.shape[1] == 3:
-        mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
-        std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+        mean = torch.tensor(IMAGENET_MEAN, device=scaled.device).view(1, 3, 1, 1)
+        std = torch.tensor(IMAGENET_STD, device=scaled.device).view(1, 3, 1, 1)
         scaled.sub_(mean).div_(std)
     return scaled
 
@@ -67,12 +67,6 @@ class Batch:
     targets: torch.Tensor
     views: tuple[torch.Tensor, ...] = ()
     number: int = 0
-
-    def to(self, device: torch.device) -> "Batch":
-        """The batch with its tensors on ``device`` (itself when they are there already)."""
-        if self.inputs.device == device:
-            return self
-        return Batch(self.inputs.to(device), self.targets.to(device), tuple(view.to(device) for view in self.views), self.number)
 
 
 @dataclass(frozen=True)
@@ -146,7 +140,8 @@ class ClientData(UnlabeledImages):
         return UnlabeledImages(self.images, scaling=self.scaling)
 
     def batches(self, batch_size: int, generator: torch.Generator, augmentation: Augmentation | None = None,
-                augmentation_seed: int = 0, first_number: int = 0, augment_inputs: bool = False) -> Iterator[Batch]:
+                augmentation_seed: int = 0, first_number: int = 0, augment_inputs: bool = False,
+                device: torch.device = HOST) -> Iterator[Batch]:
         """One shuffled pass (an epoch) in batches of ``batch_size`` (the last may be smaller).
 
         Args:
@@ -156,15 +151,18 @@ class ClientData(UnlabeledImages):
             augmentation_seed: batch ``b``'s views are drawn with ``derive_seed(augmentation_seed, b)``.
             first_number: the ``number`` of the first batch (batches are numbered across epochs).
             augment_inputs: make ``inputs`` the first view (plain training on augmented images).
+            device: where the batch goes: its ``uint8`` images move there, are augmented there
+                (``torchvision.transforms.v2`` on device tensors; the random parameters are drawn
+                on the CPU from the batch's seed, so a device changes no draw) and scaled there.
         """
         order = torch.randperm(len(self), generator=generator)
         for offset, start in enumerate(range(0, len(self), batch_size)):
             index = order[start : start + batch_size]
             number = first_number + offset
-            images = self.images[index]
+            images = self.images[index].to(device)
             views: tuple[torch.Tensor, ...] = ()
             if augmentation is not None:
                 raw = augmentation.apply(images, derive_seed(augmentation_seed, number))
                 views = tuple(self.model_input(view) for view in raw)
             inputs = views[0] if augment_inputs and views else self.model_input(images)
-            yield Batch(inputs, self.targets[index], views, number)
+            yield Batch(inputs, self.targets[index].to(device), views, number)

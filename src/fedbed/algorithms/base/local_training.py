@@ -138,8 +138,8 @@ def run_batches(
         augmentation_seed: seed of the views (:meth:`ClientData.batches`).
         augment_inputs: the batch's ``inputs`` are its first view.
         first_number: the number of this phase's first batch.
-        device: where ``step`` computes: each batch is drawn (and augmented) on the CPU, where
-            the client's ``uint8`` images stay, and moved there.
+        device: where ``step`` computes: each batch's ``uint8`` images move there from the
+            client's data (which stays on the CPU) and are augmented and scaled there.
 
     Returns:
         ``(mean loss over the steps taken, number of steps)``.
@@ -150,8 +150,8 @@ def run_batches(
     epoch = 0
     while (epochs is None or epoch < epochs) and (max_steps is None or steps < max_steps):
         for batch in data.batches(budget.batch_size, generator, augmentation, augmentation_seed,
-                                  first_number + steps, augment_inputs):
-            total += step(batch.to(device))
+                                  first_number + steps, augment_inputs, device):
+            total += step(batch)
             steps += 1
             if max_steps is not None and steps >= max_steps:
                 break
