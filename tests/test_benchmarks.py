@@ -86,6 +86,8 @@ SMOKE_RUNS = [
     # its one trial resumes to the uninterrupted run's result
     SmokeRun("sigterm_resume.py", rf"^SIGTERM then --resume, in-process: {NUMBER}/{NUMBER} trials", exact=(1.0, 1.0)),
     SmokeRun("ssl_client_speed.py", rf"^hfedf_cnn: {NUMBER} images/s$", also=(rf"^resnet18_cifar: {NUMBER} images/s$",)),
+    SmokeRun("throughput.py", rf"^images per second: {NUMBER}$",
+             also=(rf"^seconds per step: {NUMBER}$", rf"^model FLOP/s: {NUMBER} TFLOP/s$")),
 ]
 
 
