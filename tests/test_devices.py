@@ -191,3 +191,18 @@ def test_client_resources_reach_the_flower_simulation(monkeypatch):
     assert "client_resources" in PLACEMENT_SETTINGS
     with pytest.raises(ConfigError, match="client_resources"):
         ExperimentConfig(client_resources={"gpus": -1})
+
+
+def test_a_run_says_which_device_each_client_trained_on(tmp_path):
+    """In-process from the trainer; on Flower from a placement record each reply carries."""
+    from fedbed.federation.messages import Reply
+    from fedbed.flower.records import reply_device, reply_from_records, reply_to_records
+
+    result = run_experiment(ExperimentConfig(rounds=1, local_steps=1, run_dir=tmp_path / "run"), progress=False,
+                            echo=lambda *_: None)
+    assert result.summary["client_devices"] == {str(client): "cpu" for client in range(len(result.summary["clients"]))}
+    reply = Reply({"w": torch.ones(2)}, num_examples=3, metrics={"loss": 0.5})
+    content = reply_to_records(reply, "cuda:1")
+    assert reply_device(content) == "cuda:1" and reply_device(reply_to_records(reply)) is None
+    back = reply_from_records(content)
+    assert back.num_examples == 3 and back.metrics == {"loss": 0.5} and torch.equal(back.arrays["w"], torch.ones(2))

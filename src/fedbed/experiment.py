@@ -312,6 +312,7 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
         "rounds": config.rounds,
         "backend": backend,
         "device": device_description(built.context.device),
+        "client_devices": {str(client): device for client, device in sorted(federation.clients.client_devices.items())},
         "precision": config.precision or "fp32",
         "clients": [[dataset.domain_names[d] for d in p.domains] for p in partitions],
         "wall_seconds": time.perf_counter() - began,

@@ -138,8 +138,22 @@ def unshared_reply(reply: Reply, payload: Payload) -> Reply:
     return reply
 
 
+def trained_on(trainer: ClientTrainer) -> str | None:
+    """The device a trainer trains on, as a string for the records (``None`` for a trainer that
+    has none, e.g. a test's)."""
+    device = getattr(trainer, "device", None)
+    return None if device is None else str(device)
+
+
 class ClientTransport(ABC):
-    """Carries one round's payloads to the selected clients and their replies back."""
+    """Carries one round's payloads to the selected clients and their replies back.
+
+    Attributes:
+        client_devices: client id -> the device its last reply says it trained on (what the
+            run's summary reports as ``client_devices``).
+    """
+
+    client_devices: dict[int, str]
 
     @property
     @abstractmethod
@@ -194,6 +208,7 @@ class InProcessClients(ClientTransport):
     def __post_init__(self) -> None:
         if not self.states:
             self.states = [{} for _ in self.data]
+        self.client_devices = {}
 
     @property
     def num_clients(self) -> int:
@@ -218,6 +233,8 @@ class InProcessClients(ClientTransport):
             if edited is not None:
                 outcome = edited if isinstance(outcome, Reply) else f"{outcome}; it also {edited}"
             outcomes[client] = unshared_reply(outcome, payload) if isinstance(outcome, Reply) else outcome
+            if isinstance(outcome, Reply) and trained_on(self.trainer) is not None:
+                self.client_devices[client] = trained_on(self.trainer)
         return outcomes
 
     def evaluate_round(self, payloads: dict[int, Payload]) -> dict[int, Reply | str]:

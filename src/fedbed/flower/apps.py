@@ -49,11 +49,12 @@ from fedbed.config import (
 from fedbed.experiment import execute_run
 from fedbed.federation.devices import HOST
 from fedbed.federation.messages import Payload, Reply
-from fedbed.federation.transport import ClientTransport, fit_client
+from fedbed.federation.transport import ClientTransport, fit_client, trained_on
 from fedbed.flower.common import FlowerError
 from fedbed.flower.records import (
     payload_from_records,
     payload_to_records,
+    reply_device,
     reply_from_records,
     reply_to_records,
 )
@@ -151,7 +152,7 @@ def client_train(message: Message, context: Context, config_json: str, digest: s
     state = _load_state(context)
     reply = fit_client(trainer, payload_from_records(message.content), data, state)
     _save_state(context, state)
-    return Message(reply_to_records(reply), reply_to=message)
+    return Message(reply_to_records(reply, trained_on(trainer)), reply_to=message)
 
 
 def client_evaluate(message: Message, context: Context, config_json: str, digest: str | None = None) -> Message:
@@ -187,6 +188,7 @@ class FlowerClients(ClientTransport):
     def __init__(self, grid: Grid, num_clients: int, round_timeout: float = 3600.0, connect_timeout: float = 600.0) -> None:
         self.grid, self._num_clients, self.round_timeout = grid, num_clients, round_timeout
         self.round_number = 0
+        self.client_devices = {}
         self.node_of = self._discover(connect_timeout)
 
     @property
@@ -254,6 +256,8 @@ class FlowerClients(ClientTransport):
                 pending.discard(reply.metadata.reply_to_message_id)
                 outcomes[client] = (f"its SuperNode returned an error: {reply.error.reason}" if reply.has_error()
                                     else reply_from_records(reply.content))
+                if not reply.has_error() and message_type == "train" and reply_device(reply.content) is not None:
+                    self.client_devices[client] = reply_device(reply.content)
             if pending:
                 time.sleep(POLL_SECONDS)
         return outcomes

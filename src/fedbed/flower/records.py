@@ -18,7 +18,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from fedbed.federation.devices import HOST
 from fedbed.federation.messages import Payload, Reply
 
-ARRAYS, READ_ONLY_ARRAYS, CONFIG, METRICS = "arrays", "read-only-arrays", "config", "metrics"
+ARRAYS, READ_ONLY_ARRAYS, CONFIG, METRICS, PLACEMENT = "arrays", "read-only-arrays", "config", "metrics", "placement"
 NUM_EXAMPLES = "num_examples"
 
 
@@ -47,10 +47,20 @@ def payload_from_records(content: RecordDict) -> Payload:
                    read_only_arrays=_from_array_record(read_only) if read_only is not None else {})
 
 
-def reply_to_records(reply: Reply) -> RecordDict:
-    """The records of one client-to-server reply (see the module docstring)."""
+def reply_to_records(reply: Reply, device: str | None = None) -> RecordDict:
+    """The records of one client-to-server reply (see the module docstring), with the device the
+    client trained on in a ``placement`` config record when given (:func:`reply_device`)."""
     metrics = MetricRecord({**{k: float(v) for k, v in reply.metrics.items()}, NUM_EXAMPLES: int(reply.num_examples)})
-    return RecordDict({ARRAYS: _to_array_record(reply.arrays), METRICS: metrics})
+    records = {ARRAYS: _to_array_record(reply.arrays), METRICS: metrics}
+    if device is not None:
+        records[PLACEMENT] = ConfigRecord({"device": device})
+    return RecordDict(records)
+
+
+def reply_device(content: RecordDict) -> str | None:
+    """The device a reply's client trained on (``None`` when the client did not say)."""
+    placement = content.config_records.get(PLACEMENT)
+    return None if placement is None else str(placement["device"])
 
 
 def reply_from_records(content: RecordDict) -> Reply:
