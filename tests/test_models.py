@@ -42,3 +42,21 @@ def test_model_errors():
         build_model("vgg", (3, 32, 32), 2)
     with pytest.raises(ModelError, match="32x32"):
         build_model("hfedf_cnn", (3, 64, 64), 2)
+
+
+def test_kd3a_cnn_has_kd3as_layers():
+    """KD3A's Digit-5 CNN (model/digit5.py): 5x5 convolutions of 64, 64, 128 channels, 8192 flattened
+    features at 32 px, linear 3072 then 2048 features; 32x32 inputs only."""
+    import torch
+    from torch import nn
+
+    from fedbed.models import ModelError, build_model
+
+    model = build_model("kd3a_cnn", (3, 32, 32), 10)
+    convolutions = [m for m in model.featurizer.modules() if isinstance(m, nn.Conv2d)]
+    linears = [m for m in model.featurizer.modules() if isinstance(m, nn.Linear)]
+    assert [(c.out_channels, c.kernel_size) for c in convolutions] == [(64, (5, 5)), (64, (5, 5)), (128, (5, 5))]
+    assert [(m.in_features, m.out_features) for m in linears] == [(8192, 3072), (3072, 2048)]
+    assert model.feature_dim == 2048 and model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    with pytest.raises(ModelError, match="32x32"):
+        build_model("kd3a_cnn", (3, 28, 28), 10)

@@ -19,12 +19,20 @@ from PIL import Image
 from fedbed.config import config_from_mapping, load_config_file, override_settings, validate
 from fedbed.experiment import run_experiment
 from fedbed.models.backbones import ALLOW_DOWNLOADS
+from tests.test_digits import write_mnist, write_mnist_m, write_svhn, write_syn, write_usps
 from tests.test_pretrained import cache_imagenet_resnet18
 
 PAPER_CONFIGS = Path(__file__).resolve().parents[1] / "docs" / "configs" / "paper"
 CONFIGS = sorted(PAPER_CONFIGS.glob("*.yaml"))
 PAPERS = ("ppdg", "mcgdm", "fedadg", "fedgala", "hfedf")
 PACS_DOMAINS = ("art_painting", "cartoon", "photo", "sketch")
+DIGIT_LABELS = {  # every digit in each domain's train part, in each format's own labels
+    write_mnist: {"train_labels": tuple(range(10)), "test_labels": (0, 1, 2, 3)},
+    write_mnist_m: {"train": tuple(range(10)), "test": (0, 1, 2, 3)},
+    write_usps: {"train": tuple(range(1, 11)), "test": (1, 2, 3, 4)},  # LIBSVM's USPS: 1..10, 10 is digit 0
+    write_svhn: {"train": tuple(range(1, 11)), "test": (1, 2, 3, 10)},  # SVHN's format: 10 is digit 0
+    write_syn: {"train": tuple(range(1, 11)), "test": (1, 2, 3, 10)},
+}
 
 
 def needs_timm(path: Path) -> list:
@@ -47,8 +55,9 @@ PARAMS = [pytest.param(path, id=path.stem, marks=needs_timm(path)) for path in C
 
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory) -> Path:
-    """``ROOT/PACS/<domain>/<class>/<i>.png`` (DomainBed's layout, two classes, ten images each)
-    and ``ROOT/camelyon17/camelyon17_32.npz`` (FedBed's packed layout, five hospitals)."""
+    """``ROOT/PACS/<domain>/<class>/<i>.png`` (DomainBed's layout, two classes, ten images each),
+    ``ROOT/camelyon17/camelyon17_32.npz`` (FedBed's packed layout, five hospitals) and the five
+    Digits domains in their own formats (``tests/test_digits.py``'s writers)."""
     root = tmp_path_factory.mktemp("paper_data")
     for d, domain in enumerate(PACS_DOMAINS):
         for c, name in enumerate(("dog", "horse")):
@@ -56,6 +65,8 @@ def data_root(tmp_path_factory) -> Path:
             folder.mkdir(parents=True)
             for i in range(10):
                 Image.new("RGB", (36, 36), (20 * i, 60 + 120 * c, 40 * d)).save(folder / f"{i}.png")
+    for write, labels in DIGIT_LABELS.items():  # Digit-5's five domains
+        write(root, **labels)
     count = 60
     rng = np.random.default_rng(0)
     (root / "camelyon17").mkdir()

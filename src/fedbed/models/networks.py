@@ -158,6 +158,39 @@ class InceptionModule(nn.Module):
         return torch.cat([self.branch_1x1(x), self.branch_3x3(x), self.branch_5x5(x), self.branch_pool(x)], dim=1)
 
 
+class Kd3aCnn(nn.Module):
+    """The three-layer CNN of KD3A (Feng et al., ICML 2021) for Digit-5, MCGDM's backbone for its
+    federated domain adaptation experiments (``mcgdm.md``, Implementation Details: "the three-layer
+    CNN as the backbone for Digit-5 ... following the setting of previous work KD3A").
+
+    Three stages conv5x5 (stride 1, padding 2) -> BatchNorm -> ReLU with 64, 64 and 128 channels,
+    the first two followed by a 3x3 max-pool of stride 2 (padding 1), then flatten (128 x 8 x 8 =
+    8192) -> linear 3072 -> BatchNorm -> ReLU -> dropout 0.5 -> linear 2048 -> BatchNorm -> ReLU:
+    ``[B, C, 32, 32]`` -> ``[B, 2048]`` (KD3A's public code, ``model/digit5.py``, ``CNN``; its
+    ``Classifier``, one linear layer 2048 -> 10, is the classifier of :func:`build_model`).
+    """
+
+    feature_dim = 2048
+
+    def __init__(self, in_channels: int = 3) -> None:
+        super().__init__()
+
+        def stage(inputs: int, outputs: int) -> list[nn.Module]:
+            return [nn.Conv2d(inputs, outputs, 5, stride=1, padding=2), nn.BatchNorm2d(outputs), nn.ReLU()]
+
+        self.layers = nn.Sequential(
+            *stage(in_channels, 64), nn.MaxPool2d(3, stride=2, padding=1),
+            *stage(64, 64), nn.MaxPool2d(3, stride=2, padding=1),
+            *stage(64, 128),
+            nn.Flatten(),
+            nn.Linear(128 * 8 * 8, 3072), nn.BatchNorm1d(3072), nn.ReLU(), nn.Dropout(0.5),
+            nn.Linear(3072, self.feature_dim), nn.BatchNorm1d(self.feature_dim), nn.ReLU(),
+        )
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.layers(images)
+
+
 class HfedfCnn(nn.Module):
     """hFedF's client featurizer for 32x32 RGB (``hfedf.txt``, App. C.7, Table 9).
 
@@ -239,14 +272,14 @@ def _cifar_resnet18(in_channels: int) -> tuple[nn.Module, int]:
     return network, feature_dim
 
 
-MODELS = ("mnist_cnn", "lenet", "hfedf_cnn", "resnet18", "resnet50", "resnet18_cifar")
+MODELS = ("mnist_cnn", "lenet", "hfedf_cnn", "kd3a_cnn", "resnet18", "resnet50", "resnet18_cifar")
 """The built-in models; any timm model is also one by the name ``timm:NAME``
 (:mod:`fedbed.models.backbones`, the extra ``fedbed[timm]``)."""
 
 MODELS_WITHOUT_BATCHNORM = ("mnist_cnn", "lenet", "hfedf_cnn")
 """Built-in models with no BatchNorm layer to freeze."""
 
-FIXED_INPUT_SIZES = {"lenet": 28, "hfedf_cnn": 32, "resnet18_cifar": 32}
+FIXED_INPUT_SIZES = {"lenet": 28, "hfedf_cnn": 32, "kd3a_cnn": 32, "resnet18_cifar": 32}
 """Models that take one image side only (pixels); a run that sets no ``image_size`` resizes its
 images to it (LeNet on PACS reads the packed 32-px file resized to 28 px)."""
 
@@ -320,6 +353,10 @@ def build_model(
         if (height, width) != (32, 32):
             raise ModelError(f"hfedf_cnn takes 32x32 images (hFedF Table 9), got {height}x{width}; set image_size: 32 in the --config file")
         featurizer, dim = HfedfCnn(channels), HfedfCnn.feature_dim
+    elif name == "kd3a_cnn":
+        if (height, width) != (32, 32):
+            raise ModelError(f"kd3a_cnn takes 32x32 images (KD3A's Digit-5 CNN), got {height}x{width}; set image_size: 32")
+        featurizer, dim = Kd3aCnn(channels), Kd3aCnn.feature_dim
     elif name == "resnet18_cifar":
         if (height, width) != (32, 32):
             raise ModelError(f"resnet18_cifar takes 32x32 images (its 4x4 pooling, FedGaLA App. B.2), got {height}x{width}; "
