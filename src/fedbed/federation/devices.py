@@ -143,6 +143,14 @@ def to_device(value: Any, device: torch.device) -> Any:
     return value
 
 
+def moved_from_host(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor (a batch's uint8 images) on ``device``: through pinned memory and an
+    asynchronous copy to a CUDA device, as is; the same object on the CPU."""
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 def to_host(value: Any) -> Any:
     """:func:`to_device` to the CPU: what a client sends and keeps between rounds."""
     return to_device(value, HOST)

@@ -16,7 +16,7 @@ import torch
 from fedbed.data.augmentation import Augmentation
 from fedbed.data.base import DomainDataset
 from fedbed.data.images import ImageRows, image_rows
-from fedbed.federation.devices import HOST
+from fedbed.federation.devices import HOST, moved_from_host
 from fedbed.seeding import derive_seed
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -159,7 +159,7 @@ class ClientData(UnlabeledImages):
         for offset, start in enumerate(range(0, len(self), batch_size)):
             index = order[start : start + batch_size]
             number = first_number + offset
-            images = self.images[index].to(device)
+            images = moved_from_host(self.images[index], device)
             views: tuple[torch.Tensor, ...] = ()
             if augmentation is not None:
                 raw = augmentation.apply(images, derive_seed(augmentation_seed, number))
