@@ -194,7 +194,7 @@ class BuiltRun:
 
     def evaluator(self) -> ClientEvaluator:
         """The client half of id evaluation on clients."""
-        return ClientEvaluator(self.context.model_factory, self.dataset.task)
+        return ClientEvaluator(self.context.model_factory, self.dataset.task, self.context.device)
 
     def trainer(self):
         """A new instance of the method's client half; under the ``attack`` harness, wrapped so

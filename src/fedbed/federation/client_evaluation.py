@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from fedbed.federation.devices import HOST
 from fedbed.federation.evaluation import IdStatistics, add_statistics, metric_statistics
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import Payload, Reply
@@ -91,10 +92,12 @@ class ClientEvaluator:
     Attributes:
         model_factory: builds the method's model (the architecture the server's models share).
         task: ``"classification"`` or ``"regression"``.
+        device: where the client scores (the run's device; batched there).
     """
 
     model_factory: Callable[[], nn.Module]
     task: str = "classification"
+    device: torch.device = HOST
     _model: nn.Module | None = field(default=None, repr=False)
 
     def evaluate(self, payload: Payload, holdout: ClientData) -> Reply:
@@ -109,7 +112,7 @@ class ClientEvaluator:
         """
         if self._model is None:
             with torch.random.fork_rng():  # building the model must not move the training draws
-                self._model = self.model_factory()
+                self._model = self.model_factory().to(self.device)
         metrics: dict[str, float] = {}
         for j, domains in _scored(payload):
             prefix = f"model{j}"
