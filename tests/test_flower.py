@@ -82,7 +82,8 @@ def test_a_site_sends_only_parameters_and_metrics(tmp_path):
     reply = client_train(message, context, config.model_dump_json())
     content = reply.content
     assert set(content.array_records) == {"arrays"} and set(content.metric_records) == {"metrics"}
-    assert not content.config_records
+    # Besides: the name of the device it trained on (the summary's client_devices), nothing of its data.
+    assert set(content.config_records) == {"placement"} and dict(content.config_records["placement"]) == {"device": "cpu"}
     assert set(content.array_records["arrays"]) == set(sent)  # the model's parameters, nothing else
     assert all(tuple(content.array_records["arrays"][k].shape) == tuple(v.shape) for k, v in sent.items())
     assert set(content.metric_records["metrics"]) == {"loss", "fit_seconds", "num_examples"}  # fit_seconds: the client time limit
