@@ -240,7 +240,8 @@ class BuiltRun:
             assert isinstance(strategy, FedAvgStrategy), type(strategy).__name__
             strategy.aggregation = aggregation
         if self.config.target_adaptation == "knowledge_vote":
-            strategy = KnowledgeVoteAdaptation(strategy, self.context.model_factory, self.hparams, self.context.budget, self.config.seed)
+            strategy = KnowledgeVoteAdaptation(strategy, self.context.model_factory, self.hparams, self.context.budget,
+                                               self.config.seed, device=self.context.device)
         federation = Federation(
             strategy=strategy,
             clients=clients,

@@ -44,6 +44,7 @@ from fedbed.algorithms.base.local_training import (
 from fedbed.algorithms.base.model_aggregation import FedAvgStrategy
 from fedbed.algorithms.base.registry import TrainingBudget
 from fedbed.federation.arrays import weighted_average
+from fedbed.federation.devices import HOST, to_host
 from fedbed.federation.local_data import ClientData, UnlabeledImages
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
 from fedbed.federation.strategy import ServerStrategy
@@ -86,14 +87,17 @@ class KnowledgeVoteAdaptation(ServerStrategy):
         budget: the local budget (the target model's epochs or steps, and its batch size).
         seed: the run's seed.
         confidence_gate: the vote's gate (KD3A: 0.9).
+        device: where the source models predict and the target model trains (the run's device;
+            the global model stays on the CPU).
 
     Raises:
         ValueError: (at ``initialize``) an inner strategy that is not FedAvg's family.
     """
 
     def __init__(self, inner: ServerStrategy, model_factory, hparams: LocalTrainingHyperparameters, budget: TrainingBudget,
-                 seed: int, confidence_gate: float = 0.9) -> None:
+                 seed: int, confidence_gate: float = 0.9, device: torch.device = HOST) -> None:
         self.inner, self.model_factory, self.hparams, self.budget = inner, model_factory, hparams, budget
+        self.device = device
         self.seed, self.confidence_gate = seed, confidence_gate
         self.requires_every_client = inner.requires_every_client
         self.target: UnlabeledImages | None = None
@@ -104,7 +108,7 @@ class KnowledgeVoteAdaptation(ServerStrategy):
                              f"(FedAvg's family); {type(self.inner).__name__} generates its clients' models")
         self.inner.initialize(model, clients)
         with torch.random.fork_rng():  # building the helper model must not move the run's draws
-            self._model = self.model_factory()
+            self._model = self.model_factory().to(self.device)
 
     def receive_adaptation_target(self, images: UnlabeledImages) -> None:
         self.target = images
@@ -123,9 +127,9 @@ class KnowledgeVoteAdaptation(ServerStrategy):
     def _train_target_model(self, start: nn.Module, pseudo_labelled: ClientData, round_number: int) -> nn.Module:
         """Eq. 10: the global model fine-tuned on the pseudo-labelled images (cross-entropy
         against their pseudo-labels) with the method's client optimiser and local budget."""
-        model = copy.deepcopy(start)
+        model = copy.deepcopy(start).to(self.device)
         train_locally(model, pseudo_labelled, self.hparams, self.budget, seeded_generator(self.seed, ADAPTATION_PURPOSE, round_number),
-                      lambda batch: nn.functional.cross_entropy(model(batch.inputs), batch.targets))
+                      lambda batch: nn.functional.cross_entropy(model(batch.inputs), batch.targets), device=self.device)
         return model
 
     def aggregate(self, round_number: int, replies: dict[int, Reply]) -> RoundSummary:
@@ -143,7 +147,8 @@ class KnowledgeVoteAdaptation(ServerStrategy):
                 torch.manual_seed(derive_seed(self.seed, ADAPTATION_PURPOSE, round_number, 1))
                 target_model = self._train_target_model(global_model, pseudo_labelled, round_number)
             sources = sum(reply.num_examples for reply in replies.values())
-            global_model.load_state_dict(weighted_average([global_model.state_dict(), target_model.state_dict()], [sources, count]))
+            global_model.load_state_dict(weighted_average([global_model.state_dict(), to_host(target_model.state_dict())],
+                                                          [sources, count]))
         summary.telemetry["pseudo_labels"] = pseudo_labels.tolist()
         return summary
 
