@@ -19,6 +19,7 @@ and slow.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -106,8 +107,6 @@ def set_deterministic(enabled: bool) -> None:
     cuBLAS needs for them (``CUBLAS_WORKSPACE_CONFIG``, set only if unset) and cuDNN's benchmark
     mode off. An operation without a deterministic implementation then raises instead of
     running."""
-    import os
-
     if enabled:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(enabled)
