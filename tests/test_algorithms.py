@@ -146,7 +146,8 @@ def test_ppdg_averages_the_updates_uniformly_by_default():
     """PPDG's Algorithm 1, line 10: the aligned updates are averaged with 1/K, whatever the clients'
     sizes. Two non-conflicting updates (no alignment) from clients of 10 and 30 samples:
     (2, 0) and (2, 4) give (2, 2); weighting by n_k/n would give (2, 3)."""
-    from fedbed.algorithms.ppdg import PPDGStrategy
+    from fedbed.algorithms.base.model_aggregation import FedAvgStrategy
+    from fedbed.algorithms.ppdg import PPDGAggregation
 
     algorithm = get_algorithm("ppdg")
     hparams = algorithm.hyperparameters()
@@ -155,14 +156,14 @@ def test_ppdg_averages_the_updates_uniformly_by_default():
     with torch.no_grad():
         model.weight.zero_()
     strategy = algorithm.create_strategy(hparams, AlgorithmContext(lambda: model, TrainingBudget(batch_size=4, local_steps=1), seed=0))
-    assert isinstance(strategy, PPDGStrategy)
+    assert isinstance(strategy.aggregation, PPDGAggregation)
     strategy.initialize(model, [ClientInfo(0, 10, (0,)), ClientInfo(1, 30, (1,))])
     first, second = torch.tensor([[2.0], [0.0]]), torch.tensor([[2.0], [4.0]])
     assert float(first.flatten() @ second.flatten()) > 0  # no conflict: nothing is aligned
     summary = strategy.aggregate(1, {0: Reply({"weight": first}, num_examples=10), 1: Reply({"weight": second}, num_examples=30)})
     assert torch.allclose(strategy.global_model().weight, (first + second) / 2)
     assert summary.telemetry["weights"] == [0.5, 0.5] and summary.telemetry["aligned_clients"] == [False, False]
-    sized = PPDGStrategy(algorithm.hyperparameters(weighting="num_examples"), seed=0)
+    sized = FedAvgStrategy(0, PPDGAggregation(algorithm.hyperparameters(weighting="num_examples"), seed=0))
     sized.initialize(nn.Linear(1, 2, bias=False), [])
     sized.model.load_state_dict({"weight": torch.zeros(2, 1)})
     sized.aggregate(1, {0: Reply({"weight": first}, num_examples=10), 1: Reply({"weight": second}, num_examples=30)})

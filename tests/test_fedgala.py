@@ -14,6 +14,7 @@ from torch import nn
 from fedbed.algorithms import get_algorithm
 from fedbed.algorithms.base.local_training import make_optimizer
 from fedbed.algorithms.fedgala import (
+    GlobalAlignmentAggregation,
     GlobalAlignmentStrategy,
     LocalAlignment,
     global_gradient_alignment,
@@ -174,13 +175,13 @@ def test_global_alignment_works_with_supervised_clients(tmp_path, monkeypatch):
     from fedbed.build import build_run
 
     seen = []
-    original = GlobalAlignmentStrategy.aggregate_updates
+    original = GlobalAlignmentAggregation.aggregate_updates
 
     def recording(self, updates, weights, generator):
         seen.append((updates.clone(), weights.clone()))
         return original(self, updates, weights, generator)
 
-    monkeypatch.setattr(GlobalAlignmentStrategy, "aggregate_updates", recording)
+    monkeypatch.setattr(GlobalAlignmentAggregation, "aggregate_updates", recording)
     config = ExperimentConfig(algorithm="fedavg_global_alignment", model="lenet", rounds=1, local_steps=2, batch_size=16,
                               run_dir=tmp_path)
     summary = run_experiment(config, progress=False, echo=lambda *_: None)

@@ -6,20 +6,20 @@ import pytest
 import torch
 
 from fedbed.algorithms import ALGORITHMS, get_algorithm, resolve_hyperparameters
-from fedbed.algorithms.base.update_aggregation import UpdateAggregationStrategy
-from fedbed.algorithms.fedgala import GlobalAlignmentStrategy
+from fedbed.algorithms.base.update_aggregation import UpdateAggregation
+from fedbed.algorithms.fedgala import GlobalAlignmentAggregation
 from fedbed.algorithms.gradient_agreement import (
-    AgreementStrategy,
+    AgreementAggregation,
+    FedGMAAggregation,
     FedGMAHyperparameters,
-    FedGMAStrategy,
-    PCGradStrategy,
+    PCGradAggregation,
     gradient_masked_average_mask,
     pcgrad_project,
     sign_agreement,
     unanimous_sign_mask,
 )
 from fedbed.algorithms.hypernetwork import gradalign_weights
-from fedbed.algorithms.ppdg import PPDGHyperparameters, PPDGStrategy, ppdg_align
+from fedbed.algorithms.ppdg import PPDGAggregation, PPDGHyperparameters, ppdg_align
 from fedbed.federation.alignment import (
     alignment_telemetry,
     conflicting_pairs,
@@ -77,17 +77,17 @@ def test_sign_masks_by_hand():
 
 def test_agrsum_and_agrrand_by_hand():
     updates, weights = T([1, -2, 3, 0], [2, 1, 1, 1]), T(0.5, 0.5)
-    agrsum, telemetry = AgreementStrategy(0, random_fill=False).aggregate_updates(updates, weights, torch.Generator())
+    agrsum, telemetry = AgreementAggregation(0, random_fill=False).aggregate_updates(updates, weights, torch.Generator())
     assert agrsum.tolist() == [1.5, 0, 2, 0] and telemetry["masked_fraction"] == 0.5
     generator = torch.Generator().manual_seed(3)
-    agrrand, _ = AgreementStrategy(0, random_fill=True).aggregate_updates(updates, weights, generator)
+    agrrand, _ = AgreementAggregation(0, random_fill=True).aggregate_updates(updates, weights, generator)
     noise = torch.randn(4, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     scale = (1.5 + 2.0) / 2  # mean |combined| over the agreeing coordinates
     assert torch.allclose(agrrand, T([1.5, scale * noise[1], 2, scale * noise[3]])[0])
 
 
-def test_fedgma_strategy_applies_mask_and_server_step():
-    strategy = FedGMAStrategy(FedGMAHyperparameters(mask_threshold=0.5, server_learning_rate=0.1), seed=0)
+def test_fedgma_aggregation_applies_mask_and_server_step():
+    strategy = FedGMAAggregation(FedGMAHyperparameters(mask_threshold=0.5, server_learning_rate=0.1), seed=0)
     updates = T([1, 1, 1, 1], [1, 1, -1, 1], [1, -1, 0, 0])
     weights = torch.full((3,), 1 / 3, dtype=torch.float64)
     aggregated, telemetry = strategy.aggregate_updates(updates, weights, torch.Generator())
@@ -127,13 +127,13 @@ def test_gradalign_weights_by_hand():
 
 def aggregators():
     return {
-        "ppdg": PPDGStrategy(PPDGHyperparameters(alignment_lambda=0.2), seed=0),
-        "ppdg_always": PPDGStrategy(PPDGHyperparameters(alignment_lambda=0.2, always_align=True), seed=0),
-        "agrsum": AgreementStrategy(0, random_fill=False),
-        "agrrand": AgreementStrategy(0, random_fill=True),
-        "pcgrad": PCGradStrategy(0),
-        "fedgma": FedGMAStrategy(FedGMAHyperparameters(), seed=0),
-        "global_alignment": GlobalAlignmentStrategy(0),  # FedGaLA's server, also fedavg_global_alignment's
+        "ppdg": PPDGAggregation(PPDGHyperparameters(alignment_lambda=0.2), seed=0),
+        "ppdg_always": PPDGAggregation(PPDGHyperparameters(alignment_lambda=0.2, always_align=True), seed=0),
+        "agrsum": AgreementAggregation(0, random_fill=False),
+        "agrrand": AgreementAggregation(0, random_fill=True),
+        "pcgrad": PCGradAggregation(0),
+        "fedgma": FedGMAAggregation(FedGMAHyperparameters(), seed=0),
+        "global_alignment": GlobalAlignmentAggregation(0),  # FedGaLA's server, also fedavg_global_alignment's
     }
 
 
@@ -153,7 +153,8 @@ def test_every_aggregator_on_zero_and_single_client_inputs(name):
 
 def test_every_update_aggregator_is_covered():
     registered = {name for name, cls in ALGORITHMS.items()
-                  if issubclass(type(cls().create_strategy(cls.hyperparameters(), _Context())), UpdateAggregationStrategy)}
+                  if isinstance(getattr(cls().create_strategy(cls.hyperparameters(), _Context()), "aggregation", None),
+                                UpdateAggregation)}
     assert registered == {"ppdg", "agrsum", "agrrand", "pcgrad", "fedgma", "fedgala", "fedavg_global_alignment"}
 
 
@@ -172,6 +173,6 @@ def test_ppdg_defaults_follow_the_paper_per_dataset():
 
 def test_ppdg_with_zero_lambda_and_size_weights_is_fedavg():
     updates, weights = T([1, 2], [-3, 1], [0.5, -1]), T(0.2, 0.3, 0.5)
-    strategy = PPDGStrategy(PPDGHyperparameters(alignment_lambda=0.0, weighting="num_examples"), seed=0)
+    strategy = PPDGAggregation(PPDGHyperparameters(alignment_lambda=0.0, weighting="num_examples"), seed=0)
     aggregated, _ = strategy.aggregate_updates(updates, weights, torch.Generator())
     assert torch.allclose(aggregated, weights @ updates)

@@ -6,7 +6,7 @@ from fedbed.algorithms.base.local_training import (
     LocalTrainingHyperparameters,
     SupervisedAlgorithm,
 )
-from fedbed.algorithms.base.model_aggregation import FedAvgStrategy
+from fedbed.algorithms.base.model_aggregation import FedAvgStrategy, ModelAggregation
 from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
 from fedbed.federation.strategy import ServerStrategy
 
@@ -18,10 +18,14 @@ class FedAvg(SupervisedAlgorithm):
     name = "fedavg"
     summary = "FedAvg (McMahan et al. 2017): local training, n_k/n-weighted parameter average."
     hyperparameters = LocalTrainingHyperparameters
+    server_rule = True  # its average is the server rule every other one replaces
     dataset_defaults = {  # hfedf.txt Table 10 (also Central's and Local's, App. C.8.2)
         "OfficeHome": {"client_weight_decay": 1e-5},
         "VLCS": {"client_lr": 1e-4},
     }
+
+    def create_aggregation(self, hparams: LocalTrainingHyperparameters, context: AlgorithmContext) -> ModelAggregation:
+        return ModelAggregation()
 
     def create_strategy(self, hparams: LocalTrainingHyperparameters, context: AlgorithmContext) -> ServerStrategy:
         return FedAvgStrategy(context.seed)
@@ -38,3 +42,5 @@ class Central(FedAvg):
     name = "central"
     summary = "Central / DeepAll: all source data pooled, the non-federated reference."
     pooled = True
+    server_rule = False
+    accepts_server_rule = False  # one pooled client: nothing to combine

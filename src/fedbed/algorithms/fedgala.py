@@ -38,8 +38,7 @@ one vector, as the Algorithm writes it; the authors' code runs it per state-dict
 the FedAvg update, ``iter`` = 3 times; the global model moves by the aggregated update (line 12's
 Θ^(t) is the model the clients started from); buffers (BatchNorm statistics) are FedAvg's
 n_k/n average. The weights are logged per round (``telemetry.weights``, ``fedbed plot
-alignment``). :class:`GlobalAlignmentStrategy` is usable with any client trainer:
-``fedavg_global_alignment`` registers it with FedAvg's supervised clients.
+alignment``). ``fedavg_global_alignment`` is this rule alone, a server rule for any client technique.
 
 **Ablations** (Tables 3, 4, 6, 7): ``global_alignment``, ``local_alignment`` (both off is
 FedSimCLR, Table 4's last row), ``unaligned_update=reweight`` with ``reweight_factor`` (Table 6:
@@ -60,22 +59,16 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedbed.algorithms.base.local_training import (
-    LocalTrainingHyperparameters,
-    SupervisedAlgorithm,
-)
+from fedbed.algorithms.base.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm
+from fedbed.algorithms.base.model_aggregation import FedAvgStrategy, ModelAggregation
 from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
 from fedbed.algorithms.base.self_supervised import (
     SelfSupervisedAlgorithm,
     SelfSupervisedModel,
     SelfSupervisedTrainer,
 )
-from fedbed.algorithms.base.self_supervised_objectives import (
-    OBJECTIVES,
-    Objective,
-    SimCLRHyperparameters,
-)
-from fedbed.algorithms.base.update_aggregation import UpdateAggregationStrategy
+from fedbed.algorithms.base.self_supervised_objectives import OBJECTIVES, Objective, SimCLRHyperparameters
+from fedbed.algorithms.base.update_aggregation import UpdateAggregation
 from fedbed.federation.alignment import cosine_similarities
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
 
@@ -146,24 +139,28 @@ def reference_of(payload: Payload) -> dict[str, torch.Tensor]:
             if name.startswith(REFERENCE_PREFIX)}
 
 
-class GlobalAlignmentStrategy(UpdateAggregationStrategy):
-    """FedGaLA's server: global gradient alignment of the client updates and, for local
-    alignment, the global model's last change sent to every client.
+class GlobalAlignmentAggregation(UpdateAggregation):
+    """:func:`global_gradient_alignment` of the client updates, ``iterations`` = ``iter`` of line 7
+    (0 keeps FedAvg's n_k/n weights: Table 4, "w/o GA")."""
 
-    Args:
-        seed: the run's seed.
-        global_alignment: reweight by alignment (Algorithm 1 lines 7-10); ``False`` keeps
-            FedAvg's n_k/n weights (Table 4, "w/o GA").
-        iterations: ``iter`` of line 7.
-        send_reference: send ``reference/<parameter>`` read-only arrays (local alignment).
-    """
+    def __init__(self, seed: int = 0, iterations: int = 3) -> None:
+        super().__init__(seed)
+        self.iterations = iterations
+
+    def aggregate_updates(self, updates: torch.Tensor, weights: torch.Tensor, generator: torch.Generator):
+        aggregated, alignment_weights = global_gradient_alignment(updates, weights, self.iterations)
+        return aggregated, {"weights": alignment_weights.tolist(), "fedavg_weights": weights.tolist()}
+
+
+class GlobalAlignmentStrategy(FedAvgStrategy):
+    """FedGaLA's server: ``aggregation`` (global alignment by default, or a composed server rule)
+    and, with ``send_reference``, the global model's last change sent to every client as
+    ``reference/<parameter>`` read-only arrays (local alignment)."""
 
     metric_prefix = ""  # the clients' mean discard ratio is logged as ``discard_ratio`` (committed records, pacs32-fedgala.md)
 
-    def __init__(self, seed: int = 0, global_alignment: bool = True, iterations: int = 3, send_reference: bool = False) -> None:
-        super().__init__(seed)
-        self.global_alignment = global_alignment
-        self.iterations = iterations
+    def __init__(self, seed: int = 0, aggregation: ModelAggregation | None = None, send_reference: bool = False) -> None:
+        super().__init__(seed, aggregation or GlobalAlignmentAggregation(seed))
         self.send_reference = send_reference
         self.previous: dict[str, torch.Tensor] | None = None
 
@@ -179,11 +176,6 @@ class GlobalAlignmentStrategy(UpdateAggregationStrategy):
             for payload in payloads.values():
                 payload.read_only_arrays = reference
         return payloads
-
-    def aggregate_updates(self, updates: torch.Tensor, weights: torch.Tensor, generator: torch.Generator):
-        iterations = self.iterations if self.global_alignment else 0
-        aggregated, alignment_weights = global_gradient_alignment(updates, weights, iterations)
-        return aggregated, {"weights": alignment_weights.tolist(), "fedavg_weights": weights.tolist()}
 
     def aggregate(self, round_number: int, replies: dict[int, Reply]) -> RoundSummary:
         previous = {name: parameter.detach().clone() for name, parameter in self.model.named_parameters()}
@@ -267,7 +259,8 @@ class FedGaLA(SelfSupervisedAlgorithm):
         return OBJECTIVES[hparams.objective].from_hyperparameters(hparams)
 
     def create_strategy(self, hparams: FedGaLAHyperparameters, context: AlgorithmContext) -> GlobalAlignmentStrategy:
-        return GlobalAlignmentStrategy(context.seed, hparams.global_alignment, hparams.alignment_iterations,
+        iterations = hparams.alignment_iterations if hparams.global_alignment else 0
+        return GlobalAlignmentStrategy(context.seed, GlobalAlignmentAggregation(context.seed, iterations),
                                        send_reference=hparams.local_alignment)
 
 
@@ -283,12 +276,16 @@ class FedAvgGlobalAlignment(SupervisedAlgorithm):
 
     name = "fedavg_global_alignment"
     secure_aggregation_compatible = False  # the server needs each client's own update or model
+    server_rule = True
     summary = ("FedAvg clients; server reweights client updates by their alignment with the consensus "
                "(FedGaLA, fedgala.md Alg. 1, lines 5-13).")
     hyperparameters = GlobalAlignmentHyperparameters
 
+    def create_aggregation(self, hparams: GlobalAlignmentHyperparameters, context: AlgorithmContext) -> GlobalAlignmentAggregation:
+        return GlobalAlignmentAggregation(context.seed, hparams.alignment_iterations)
+
     def create_strategy(self, hparams: GlobalAlignmentHyperparameters, context: AlgorithmContext) -> GlobalAlignmentStrategy:
-        return GlobalAlignmentStrategy(context.seed, True, hparams.alignment_iterations)
+        return GlobalAlignmentStrategy(context.seed, self.create_aggregation(hparams, context))
 
 
 def global_gradient_alignment(

@@ -47,4 +47,5 @@ class FedProx(FedAvg):
     summary = "FedProx (Li et al. 2020): local loss + mu/2 ||theta - theta_global||^2, FedAvg aggregation."
     hyperparameters = FedProxHyperparameters
     trainer_class = FedProxTrainer
+    server_rule = False  # a client technique on FedAvg's server
     dataset_defaults = {}  # hfedf.txt Table 10: FedProx's values are the same on PACS, Office-Home and VLCS

@@ -29,9 +29,10 @@ from fedbed.algorithms.base.local_training import (
     LocalTrainingHyperparameters,
     SupervisedAlgorithm,
 )
+from fedbed.algorithms.base.model_aggregation import FedAvgStrategy
 from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
 from fedbed.algorithms.base.update_aggregation import (
-    UpdateAggregationStrategy,
+    UpdateAggregation,
     visiting_orders,
 )
 
@@ -41,7 +42,7 @@ def _mask_summary(mask: torch.Tensor) -> dict[str, float]:
     return {"mask_mean": float(mask.mean()), "masked_fraction": float((mask < 1).to(torch.float64).mean())}
 
 
-class AgreementStrategy(UpdateAggregationStrategy):
+class AgreementAggregation(UpdateAggregation):
     """AgrSum (``random_fill=False``) or AgrRand (``random_fill=True``)."""
 
     def __init__(self, seed: int, random_fill: bool) -> None:
@@ -63,16 +64,24 @@ class AgreementStrategy(UpdateAggregationStrategy):
 
 
 class AgrSum(SupervisedAlgorithm):
-    """AgrSum (Mansilla et al., ICCV 2021, Sec. 3): conflicting-sign coordinates are zeroed."""
+    """AgrSum (Mansilla et al., ICCV 2021, Sec. 3): conflicting-sign coordinates are zeroed.
+
+    Like every server rule here, FedAvg's clients and server with the average replaced by
+    :meth:`create_aggregation`, which a run may also compose with another method's clients.
+    """
 
     name = "agrsum"
     secure_aggregation_compatible = False  # the server needs each client's own update or model
+    server_rule = True
     summary = "AgrSum (Mansilla et al. 2021): keep coordinates whose sign all clients agree on, zero the rest."
     hyperparameters = LocalTrainingHyperparameters
     random_fill = False
 
-    def create_strategy(self, hparams, context: AlgorithmContext) -> AgreementStrategy:
-        return AgreementStrategy(context.seed, self.random_fill)
+    def create_aggregation(self, hparams, context: AlgorithmContext) -> UpdateAggregation:
+        return AgreementAggregation(context.seed, self.random_fill)
+
+    def create_strategy(self, hparams, context: AlgorithmContext) -> FedAvgStrategy:
+        return FedAvgStrategy(context.seed, self.create_aggregation(hparams, context))
 
 
 register_algorithm(AgrSum)
@@ -87,7 +96,7 @@ class AgrRand(AgrSum):
     random_fill = True
 
 
-class PCGradStrategy(UpdateAggregationStrategy):
+class PCGradAggregation(UpdateAggregation):
     """Project conflicting updates (:func:`pcgrad_project`), then take the weighted mean."""
 
     def aggregate_updates(
@@ -105,8 +114,8 @@ class PCGrad(AgrSum):
     name = "pcgrad"
     summary = "PCGrad (Yu et al. 2020): project each conflicting update onto the other's normal plane, then average."
 
-    def create_strategy(self, hparams, context: AlgorithmContext) -> PCGradStrategy:
-        return PCGradStrategy(context.seed)
+    def create_aggregation(self, hparams, context: AlgorithmContext) -> PCGradAggregation:
+        return PCGradAggregation(context.seed)
 
 
 class FedGMAHyperparameters(LocalTrainingHyperparameters):
@@ -120,7 +129,7 @@ class FedGMAHyperparameters(LocalTrainingHyperparameters):
     server_learning_rate: float = Field(1.0, gt=0)
 
 
-class FedGMAStrategy(UpdateAggregationStrategy):
+class FedGMAAggregation(UpdateAggregation):
     """``θ ← θ + η · M ⊙ Σ_k (n_k/n) Δθ_k`` with FedGMA's soft sign-agreement mask ``M``."""
 
     def __init__(self, hparams: FedGMAHyperparameters, seed: int) -> None:
@@ -147,8 +156,8 @@ class FedGMA(AgrSum):
         "VLCS": {"mask_threshold": 0.5, "server_learning_rate": 0.01},
     }
 
-    def create_strategy(self, hparams: FedGMAHyperparameters, context: AlgorithmContext) -> FedGMAStrategy:
-        return FedGMAStrategy(hparams, context.seed)
+    def create_aggregation(self, hparams: FedGMAHyperparameters, context: AlgorithmContext) -> FedGMAAggregation:
+        return FedGMAAggregation(hparams, context.seed)
 
 
 def pcgrad_project(updates: torch.Tensor, orders: Sequence[Sequence[int]]) -> torch.Tensor:

@@ -13,9 +13,10 @@ from fedbed.algorithms.base.local_training import (
     LocalTrainingHyperparameters,
     SupervisedAlgorithm,
 )
+from fedbed.algorithms.base.model_aggregation import FedAvgStrategy
 from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
 from fedbed.algorithms.base.update_aggregation import (
-    UpdateAggregationStrategy,
+    UpdateAggregation,
     visiting_orders,
 )
 
@@ -73,7 +74,7 @@ class PPDGHyperparameters(LocalTrainingHyperparameters):
         return self
 
 
-class PPDGStrategy(UpdateAggregationStrategy):
+class PPDGAggregation(UpdateAggregation):
     """Align conflicting client updates pairwise (Algorithm 1), then average them."""
 
     def __init__(self, hparams: PPDGHyperparameters, seed: int) -> None:
@@ -102,6 +103,7 @@ class PPDG(SupervisedAlgorithm):
 
     name = "ppdg"
     secure_aggregation_compatible = False  # the server needs each client's own update or model
+    server_rule = True
     summary = ("PPDG (ppdg-gradient-alignment.txt, Algorithm 1): pairwise alignment of conflicting client "
                "updates on the server, then the mean.")
     hyperparameters = PPDGHyperparameters
@@ -110,8 +112,11 @@ class PPDG(SupervisedAlgorithm):
     }
     dataset_run_settings = PAPER_RUN_SETTINGS
 
-    def create_strategy(self, hparams: PPDGHyperparameters, context: AlgorithmContext) -> PPDGStrategy:
-        return PPDGStrategy(hparams, context.seed)
+    def create_aggregation(self, hparams: PPDGHyperparameters, context: AlgorithmContext) -> PPDGAggregation:
+        return PPDGAggregation(hparams, context.seed)
+
+    def create_strategy(self, hparams: PPDGHyperparameters, context: AlgorithmContext) -> FedAvgStrategy:
+        return FedAvgStrategy(context.seed, self.create_aggregation(hparams, context))
 
 
 def visiting_plan(count: int, generator: torch.Generator) -> list[tuple[int, list[int]]]:

@@ -12,6 +12,11 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from fedbed.algorithms.base.client_reports import (
+    gap_of_received_model,
+    gap_requested,
+    remember_local_risk,
+)
 from fedbed.algorithms.base.registry import (
     Algorithm,
     AlgorithmContext,
@@ -241,10 +246,13 @@ class LocalTrainer(ClientTrainer):
     replaces it only when the round succeeds (a client that fails keeps its state as it was, on
     every backend), trains, and builds the reply: the trained state dict, ``len(data)`` examples,
     and the metrics ``loss`` (the mean training loss), ``lr`` (under a learning-rate schedule),
-    the batch mean of every metric :meth:`log_metric` recorded, and :meth:`round_metrics`.
+    the batch mean of every metric :meth:`log_metric` recorded, and :meth:`round_metrics`. When
+    the server's rule asks for it (FedDG-GA), it also reports the client's generalization gap
+    (:mod:`fedbed.algorithms.base.client_reports`).
 
     Hooks, in the order :meth:`fit` calls them (one vocabulary for every method):
 
+    - :meth:`round_hyperparameters`: this round's optimiser settings (a learning-rate schedule);
     - :meth:`starting_arrays`: the arrays the round starts from (the payload's; FedEMA mixes in
       the client's own model);
     - :meth:`begin_round`: build what this round needs from the payload and the state (MCGDM
@@ -284,6 +292,13 @@ class LocalTrainer(ClientTrainer):
         self.precision = context.precision
         self.model = context.model_factory().to(self.device)
         self._logged: dict[str, list[float]] = {}
+
+    def round_hyperparameters(self, payload: Payload) -> LocalTrainingHyperparameters:
+        """This round's optimiser settings: :attr:`hparams` under ``client_lr_schedule``
+        (:func:`round_hyperparameters`) by default; a method with its own schedule replaces it
+        (FedSAM's cyclical learning rate under SWA). The reply reports ``lr`` whenever the
+        result is not :attr:`hparams` itself."""
+        return round_hyperparameters(self.hparams, payload)
 
     def starting_arrays(self, payload: Payload, state: dict[str, Any]) -> Mapping[str, torch.Tensor]:
         """The state dict the round starts from: the payload's arrays by default.
@@ -383,12 +398,15 @@ class LocalTrainer(ClientTrainer):
         working = to_device(copy.deepcopy(state), self.device)
         model.load_state_dict(self.starting_arrays(payload, working))
         generator = torch.Generator().manual_seed(int(payload.config["batch_seed"]))
-        hparams = round_hyperparameters(self.hparams, payload)
+        hparams = self.round_hyperparameters(payload)
         self._logged = {}
+        reported = gap_of_received_model(model, data, self.task, working) if gap_requested(payload) else {}
         self.begin_round(model, payload, working)
         loss = self.train_round(model, self.training_data(data), hparams, generator, payload, working)
         self.end_round(model, working)
-        metrics = {"loss": loss} if hparams is self.hparams else {"loss": loss, "lr": hparams.client_lr}
+        if gap_requested(payload):
+            remember_local_risk(model, data, self.task, working)
+        metrics = {"loss": loss, **reported} if hparams is self.hparams else {"loss": loss, "lr": hparams.client_lr, **reported}
         metrics.update({name: sum(values) / len(values) for name, values in self._logged.items()})
         metrics.update(self.round_metrics(working))
         state.clear()

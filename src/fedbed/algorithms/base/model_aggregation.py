@@ -50,6 +50,8 @@ class ClientModels:
             (:func:`trainable_parameter_names`); the others are buffers (BatchNorm's running
             statistics, its integer ``num_batches_tracked``), which a rule that ranks or clips
             client models must not read as if they were weights.
+        metrics: the K clients' reply metrics (FedDG-GA reads the generalization gap each
+            client reports when the rule's :meth:`ModelAggregation.client_config` asks for it).
     """
 
     current: Mapping[str, torch.Tensor]
@@ -59,6 +61,7 @@ class ClientModels:
     round_number: int
     generator: torch.Generator
     parameter_names: frozenset[str]
+    metrics: Sequence[Mapping[str, float]] = ()
 
 
 def trainable_parameter_names(model: torch.nn.Module) -> frozenset[str]:
@@ -71,8 +74,10 @@ class ModelAggregation:
     """FedAvg's aggregation (McMahan et al., AISTATS 2017, Algorithm 1): ``θ ← Σ_k w_k θ_k / Σ_k w_k``.
 
     Subclasses replace :meth:`aggregate` (and may ask the clients for something through
-    :meth:`client_config`); they keep no state across rounds, so a resumed run needs none:
-    every random draw comes from the round's seeded ``generator``.
+    :meth:`client_config`). Every random draw comes from a generator seeded from the run's seed
+    and the round; a rule that keeps something across rounds (FedDG-GA's aggregation weights)
+    returns it from :meth:`state_dict`, which the strategy checkpoints with the run, so a resumed
+    run continues it exactly.
     """
 
     def client_config(self) -> dict[str, Scalar]:
@@ -89,15 +94,23 @@ class ModelAggregation:
         return weighted_average(models.arrays, models.weights), {
             "weights": {str(c): w / total for c, w in zip(models.clients, models.weights)}}
 
+    def state_dict(self) -> dict[str, Any]:
+        """What the rule keeps across rounds (nothing by default)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
 
 class FedAvgStrategy(ServerStrategy):
     """Send every client the global model; replace it by the n_k/n-weighted mean of the replies.
 
     McMahan et al. 2017, Algorithm 1: ``θ ← Σ_k (n_k / n) θ_k`` over the clients of the round,
     with ``n = Σ_k n_k``. The average is :attr:`aggregation`'s (FedAvg's by default; the run's
-    robust aggregation or differential privacy replace it for every method built on this
-    strategy); subclasses change :meth:`client_weights` (FedADG's uniform mean) or
-    :meth:`combine` (the update aggregators).
+    robust aggregation, differential privacy or a composed server rule replace it for every
+    method built on this strategy, and the server rules are themselves such averages: PPDG's,
+    FedOMG's); subclasses change :meth:`client_weights` (FedADG's uniform mean) or what the
+    clients receive (:meth:`configure_round`: MCGDM's heads).
 
     Attributes:
         aggregation: the seam of the run's server options (:mod:`fedbed.algorithms.base.model_aggregation`).
@@ -125,7 +138,8 @@ class FedAvgStrategy(ServerStrategy):
         generator = seeded_generator(self.seed, round_number, MODEL_AGGREGATION_PURPOSE)
         return self.aggregation.aggregate(ClientModels(self.model.state_dict(), order, [replies[c].arrays for c in order],
                                                        self.client_weights(replies, order), round_number, generator,
-                                                       trainable_parameter_names(self.model)))
+                                                       trainable_parameter_names(self.model),
+                                                       [replies[c].metrics for c in order]))
 
     def aggregate(self, round_number: int, replies: dict[int, Reply]) -> RoundSummary:
         new_state, telemetry = self.combine(round_number, replies)
@@ -151,7 +165,8 @@ class FedAvgStrategy(ServerStrategy):
         return self.model
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": copy.deepcopy(self.model.state_dict())}
+        return {"model": copy.deepcopy(self.model.state_dict()), "aggregation": copy.deepcopy(self.aggregation.state_dict())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
+        self.aggregation.load_state_dict(copy.deepcopy(state.get("aggregation", {})))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -14,6 +14,9 @@ from fedbed.data.augmentation import Augmentation
 from fedbed.federation.devices import HOST, PRECISIONS
 from fedbed.federation.strategy import ClientTrainer, ServerStrategy
 from fedbed.models import DomainClassifier
+
+if TYPE_CHECKING:
+    from fedbed.algorithms.base.model_aggregation import ModelAggregation
 
 
 class AlgorithmError(ValueError):
@@ -104,6 +107,18 @@ class Algorithm(ABC):
             settings are refused for it.
         precisions: the ``precision`` settings its clients can train in (every one by default;
             the others are refused at validation).
+        server_rule: the method is a rule for combining FedAvg's clients on the server (FedAvg's
+            average itself, PPDG, PCGrad, FedGMA, FedDG-GA, FedOMG): :meth:`create_aggregation`
+            returns it, and a run may name it as its ``server`` beside another method's clients.
+        accepts_server_rule: the method's server averages through
+            :class:`~fedbed.algorithms.base.model_aggregation.FedAvgStrategy`'s seam, which a
+            run's ``server`` rule replaces while the method's clients, and what its server sends
+            them, stay its own (``False`` for hFedF and pFedHN, whose server generates each
+            client's weights, for Local-only, which has no global model, and for Central's one
+            pooled client).
+        requires_from_clients: what the method's server rule asks every client to report (the
+            names of reply metrics, e.g. FedDG-GA's generalization gap); a client technique
+            whose trainer cannot report them is refused beside it.
     """
 
     name: ClassVar[str]
@@ -116,6 +131,8 @@ class Algorithm(ABC):
     draws_its_own_views: ClassVar[bool] = False
     secure_aggregation_compatible: ClassVar[bool] = True
     precisions: ClassVar[tuple[str, ...]] = PRECISIONS
+    server_rule: ClassVar[bool] = False
+    accepts_server_rule: ClassVar[bool] = True
 
     def wrap_model(self, model: DomainClassifier, hparams: Any) -> DomainClassifier:
         """The model the method trains, built around the protocol's model (unchanged by default;
@@ -129,6 +146,16 @@ class Algorithm(ABC):
     @abstractmethod
     def create_trainer(self, hparams: Any, context: AlgorithmContext) -> ClientTrainer:
         """The client half."""
+
+    def create_aggregation(self, hparams: Any, context: AlgorithmContext) -> "ModelAggregation":
+        """The server rule of a method with :attr:`server_rule`: how the round's client models
+        become the global model (:class:`~fedbed.algorithms.base.model_aggregation.ModelAggregation`).
+
+        Raises:
+            AlgorithmError: the method is not a server rule.
+        """
+        raise AlgorithmError(f"{self.name} is not a server rule; the server rules are "
+                             f"{', '.join(sorted(n for n, c in ALGORITHMS.items() if c.server_rule))}")
 
 
 ALGORITHMS: dict[str, type[Algorithm]] = {}

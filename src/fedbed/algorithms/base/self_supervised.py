@@ -289,8 +289,5 @@ class SelfSupervisedAlgorithm(Algorithm):
 
 
 __all__ = [
-    "OBJECTIVES", "BYOLObjective", "FedBYOL", "FedEMA", "FedMoCo", "FedSimCLR", "FedSimSiam", "MoCoObjective", "Objective",
-    "SelfSupervisedAlgorithm", "SelfSupervisedHyperparameters", "SelfSupervisedModel", "SelfSupervisedTrainer",
-    "SimCLRHyperparameters", "SimCLRObjective", "SimSiamObjective", "ema_weight", "negative_cosine", "nt_xent_loss",
-    "projection_head", "queue_contrastive_loss", "without_labels",
+    "Objective", "SelfSupervisedAlgorithm", "SelfSupervisedHyperparameters", "SelfSupervisedModel", "SelfSupervisedTrainer", "projection_head", "without_labels",
 ]
