@@ -18,6 +18,7 @@ from fedbed.algorithms.gradient_agreement import (
     sign_agreement,
     unanimous_sign_mask,
 )
+from fedbed.algorithms.fedomg import FedOMGAggregation, FedOMGHyperparameters
 from fedbed.algorithms.hypernetwork import gradalign_weights
 from fedbed.algorithms.ppdg import PPDGAggregation, PPDGHyperparameters, ppdg_align
 from fedbed.federation.alignment import (
@@ -134,6 +135,8 @@ def aggregators():
         "pcgrad": PCGradAggregation(0),
         "fedgma": FedGMAAggregation(FedGMAHyperparameters(), seed=0),
         "global_alignment": GlobalAlignmentAggregation(0),  # FedGaLA's server, also fedavg_global_alignment's
+        "fedomg": FedOMGAggregation(FedOMGHyperparameters(server_learning_rate=1.0)),
+        "fedomg_authors_code": FedOMGAggregation(FedOMGHyperparameters(server_learning_rate=1.0, reading="authors_code")),
     }
 
 
@@ -145,6 +148,10 @@ def test_every_aggregator_on_zero_and_single_client_inputs(name):
     single = T([0.5, -1.0, 2.0, 0.0, 3.0])
     alone, _ = strategy.aggregate_updates(single, T(1.0), torch.Generator())
     assert torch.isfinite(alone).all()
+    if name.startswith("fedomg"):  # the lone update is its own best match: g + κ‖g‖ g/‖g‖ (the code: / (1 + κ²))
+        growth = 1.5 if name == "fedomg" else 1.5 / 1.25
+        assert torch.allclose(alone, growth * single[0], rtol=1e-3)
+        return
     nonzero = single[0] != 0  # AgrRand fills a zero coordinate (no strict sign: not "agreeing") with noise
     assert torch.allclose(alone[nonzero], single[0][nonzero])
     if name != "agrrand":
@@ -155,11 +162,12 @@ def test_every_update_aggregator_is_covered():
     registered = {name for name, cls in ALGORITHMS.items()
                   if isinstance(getattr(cls().create_strategy(cls.hyperparameters(), _Context()), "aggregation", None),
                                 UpdateAggregation)}
-    assert registered == {"ppdg", "agrsum", "agrrand", "pcgrad", "fedgma", "fedgala", "fedavg_global_alignment"}
+    assert registered == {"ppdg", "agrsum", "agrrand", "pcgrad", "fedgma", "fedgala", "fedavg_global_alignment", "fedomg"}
 
 
 class _Context:
     seed = 0
+    rounds = 10
 
 
 def test_ppdg_defaults_follow_the_paper_per_dataset():

@@ -332,7 +332,7 @@ def build_run(settings: ValidatedConfig | ExperimentConfig) -> BuiltRun:
     if config.deterministic:
         set_deterministic(True)
     context = AlgorithmContext(model_factory=model_factory, budget=budget, seed=config.seed, task=dataset.task,
-                               augmentation=augmentation, device=device, precision=config.precision)
+                               augmentation=augmentation, device=device, precision=config.precision, rounds=config.rounds)
     if resolved.evaluation_protocol == "linear_probe":
         if dataset.task != "classification":
             raise ConfigError(f"the linear_probe evaluation needs class labels; {dataset.name} is a regression task")

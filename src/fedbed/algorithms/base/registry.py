@@ -66,6 +66,8 @@ class AlgorithmContext:
         augmentation: the run's ``augmentation`` setting (``None``: train on the images as stored).
         device: where the clients train (:func:`fedbed.federation.devices.resolve_device`).
         precision: ``fp32`` (``None``), ``bf16`` or ``fp16``: the clients' mixed precision.
+        rounds: the run's number of rounds (a server rule's schedule: FedDG-GA's decaying step);
+            ``None`` outside a run.
     """
 
     model_factory: Callable[[], DomainClassifier]
@@ -75,6 +77,7 @@ class AlgorithmContext:
     augmentation: Augmentation | None = None
     device: torch.device = HOST
     precision: str | None = None
+    rounds: int | None = None
 
 
 class Algorithm(ABC):
@@ -116,9 +119,9 @@ class Algorithm(ABC):
             them, stay its own (``False`` for hFedF and pFedHN, whose server generates each
             client's weights, for Local-only, which has no global model, and for Central's one
             pooled client).
-        requires_from_clients: what the method's server rule asks every client to report (the
-            names of reply metrics, e.g. FedDG-GA's generalization gap); a client technique
-            whose trainer cannot report them is refused beside it.
+        needs_supervised_clients: the method's server rule reads the loss of each client's
+            classifier on its data (FedDG-GA's generalization gap), so clients that train a
+            label-free representation are refused beside it.
     """
 
     name: ClassVar[str]
@@ -133,6 +136,7 @@ class Algorithm(ABC):
     precisions: ClassVar[tuple[str, ...]] = PRECISIONS
     server_rule: ClassVar[bool] = False
     accepts_server_rule: ClassVar[bool] = True
+    needs_supervised_clients: ClassVar[bool] = False
 
     def wrap_model(self, model: DomainClassifier, hparams: Any) -> DomainClassifier:
         """The model the method trains, built around the protocol's model (unchanged by default;
@@ -173,8 +177,9 @@ def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
     return cls
 
 
-def get_algorithm(name: str) -> Algorithm:
-    """An instance of the algorithm registered as ``name`` (case-insensitive).
+def registered_algorithm(name: str) -> Algorithm:
+    """An instance of the algorithm registered as ``name`` (case-insensitive); a composed
+    ``CLIENT+SERVER`` method is :func:`fedbed.algorithms.base.composition.get_algorithm`'s.
 
     Raises:
         AlgorithmError: if no algorithm has that name.
