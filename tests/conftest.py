@@ -31,6 +31,10 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 # ``tests/test_x.py::name`` marks every parameter of a test, ``tests/test_x.py::name[id]`` one.
 # ``python -m pytest -q`` (CI) runs them all.
 SLOW_TESTS = {
+    # A method's clients under a server rule: whole runs compared, a sweep of them
+    "tests/test_composition.py::test_fedavg_on_either_side_equals_the_plain_method_bit_for_bit",
+    "tests/test_composition.py::test_a_sweep_grid_holds_composed_methods_and_their_report_labels_them",
+    "tests/test_server_rules.py::test_feddg_ga_resumes_its_weights_exactly",
     # Flower: a local federation's processes, or the simulation
     "tests/test_flower.py::test_same_results_in_process_and_on_flower",
     "tests/test_flower.py::test_a_lost_supernode_is_dropped_and_the_rounds_go_on",

@@ -120,15 +120,20 @@ def assert_same_run(expected_dir, actual_dir, eval_size: int):
 # in-process run in tests/test_faults.py. FedADG, whose discriminator and random projection live
 # in the client state (the node's context.state on Flower), runs on both: on the simulation in
 # tests/test_faults.py, on a deployment whose sites each hold one domain in tests/test_spread_data.py.
+# A composed method (MCGDM's clients, FedOMG's server rule) on both Flower backends, and FedDG-GA,
+# whose clients keep their last local risk in the node's state, on the simulation.
 @pytest.mark.parametrize("algorithm, backends", [("mcgdm", ("flower-deployment",)),
-                                                 ("hfedf", ("flower-deployment",))])
+                                                 ("hfedf", ("flower-deployment",)),
+                                                 ("mcgdm+fedomg", ("flower-sim", "flower-deployment")),
+                                                 ("fedsr+feddg_ga", ("flower-sim",))])
 def test_same_results_in_process_and_on_flower(tmp_path, algorithm, backends, no_orphans, monkeypatch, capfd):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     # Evaluated after round 2 only: one evaluate message per site instead of two, and still
     # rounds of training on each side of it.
-    hp = {"mcgdm": {"include_own_head": False, "client_lr": 0.01}}.get(algorithm, {})
+    hp = {"mcgdm": {"include_own_head": False, "client_lr": 0.01},
+          "mcgdm+fedomg": {"include_own_head": False, "client_lr": 0.01}}.get(algorithm, {})
     # hFedF's sites score their own id holdouts, each with its own personalised model
     # (@app.evaluate); MCGDM's global model is scored on the server, as in-process: one message
     # round fewer (every message starts a ClientApp process on its SuperNode).
@@ -153,7 +158,12 @@ def test_same_results_in_process_and_on_flower(tmp_path, algorithm, backends, no
     for backend in backends:
         assert_same_run(tmp_path / "in-process", tmp_path / backend, eval_size)
     assert final_metrics(tmp_path / backends[-1])[1][0] is None  # round 1 was not evaluated
-    if algorithm == "mcgdm":  # round 2 carried the other client's head as read-only arrays, on every backend
+    if algorithm.endswith("feddg_ga"):  # round 2's gaps come from the local risks each site kept in its node state
+        gaps = {backend: json.loads((tmp_path / backend / LOG_NAME).read_text().splitlines()[1])["telemetry"]
+                ["generalization_gaps"] for backend in ("in-process", *backends)}
+        for backend in backends:
+            assert gaps[backend] == pytest.approx(gaps["in-process"], rel=1e-5, abs=1e-7)
+    if algorithm.startswith("mcgdm"):  # round 2 carried the other client's head as read-only arrays, on every backend
         for backend in ("in-process", *backends):
             second = json.loads((tmp_path / backend / LOG_NAME).read_text().splitlines()[1])
             assert second["communication"]["sent_bytes"]["0"] > second["communication"]["received_bytes"]["0"]

@@ -70,7 +70,11 @@ def parse_hp(pairs: list[str]) -> dict[str, Any]:
 def run(
     dataset: Annotated[Optional[str], typer.Option(help="Dataset name (see `fedbed datasets`).")] = None,
     target: Annotated[Optional[str], typer.Option(help="Held-out target domain, or 'all' for one run per domain.")] = None,
-    algorithm: Annotated[Optional[str], typer.Option(help="Registered algorithm (see `fedbed algorithms`).")] = None,
+    algorithm: Annotated[Optional[str], typer.Option(
+        help="Registered algorithm (see `fedbed algorithms`), or CLIENT+SERVER: one method's clients under a server rule.")] = None,
+    server: Annotated[Optional[str], typer.Option(
+        help="A server rule for the algorithm's clients (e.g. --algorithm mcgdm --server fedomg: the run's algorithm "
+             "is mcgdm+fedomg).")] = None,
     model: Annotated[Optional[str], typer.Option(
         help="Model name, e.g. lenet (default: the dataset's own; an unknown name lists the choices).")] = None,
     rounds: Annotated[Optional[int], typer.Option(help="Communication rounds.")] = None,
@@ -129,6 +133,8 @@ def run(
             "deterministic": deterministic,
         }
         values = override_settings(values, {k: v for k, v in flags.items() if v is not None})
+        if server is not None:
+            values["algorithm"] = f"{values.get('algorithm', 'fedavg')}+{server}"
         if hp:
             values["hp"] = {**values.get("hp", {}), **parse_hp(hp)}
         # Every target's run is checked (and validated, once) before the first starts.
@@ -210,7 +216,8 @@ def algorithms(
 ) -> None:
     """List the registered algorithms with their hyperparameters (the values a run uses and where
     each comes from: the general default, or the paper's value for the dataset) and whether their
-    server only averages (secure aggregation, robust aggregation and differential privacy apply)."""
+    server only averages (secure aggregation, robust aggregation and differential privacy apply).
+    NAME may be a composed CLIENT+SERVER method."""
     from fedbed.algorithms import ALGORITHMS, AlgorithmError, get_algorithm, resolve_hyperparameters
     from fedbed.data import DataError, dataset_spec
 
@@ -227,7 +234,9 @@ def algorithms(
                   if algorithm.secure_aggregation_compatible else
                   "needs each client's own update: not compatible with secure aggregation, robust_aggregation "
                   "or differential_privacy")
-        typer.echo(f"{algorithm.name:10s} {algorithm.summary}\n{'':10s} server: {server}")
+        role = (" (a server rule: CLIENT+" + algorithm.name + " trains another method's clients under it)"
+                if algorithm.server_rule else "")
+        typer.echo(f"{algorithm.name:10s} {algorithm.summary}\n{'':10s} server: {server}{role}")
         if spec is None:
             defaults = ", ".join(f"{k}={f.default}" for k, f in algorithm.hyperparameters.model_fields.items())
             typer.echo(f"{'':10s} hyperparameters (general defaults): {defaults}")

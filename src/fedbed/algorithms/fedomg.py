@@ -84,8 +84,8 @@ def matching_coefficients(gram: torch.Tensor, reference: torch.Tensor, radius: f
     for step in range(steps + 1):
         coefficients = torch.softmax(logits, dim=0)
         objective = coefficients @ reference + radius * torch.sqrt(coefficients @ gram @ coefficients + STABILITY)
-        if float(objective) < best_value:
-            best, best_value = coefficients.detach().clone(), float(objective)
+        if float(objective.detach()) < best_value:
+            best, best_value = coefficients.detach().clone(), float(objective.detach())
         if step < steps:
             optimizer.zero_grad()
             objective.backward()
