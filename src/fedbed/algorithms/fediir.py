@@ -69,11 +69,11 @@ from fedbed.algorithms.base.local_training import (
 )
 from fedbed.algorithms.base.model_aggregation import FedAvgStrategy, ModelAggregation
 from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
-from fedbed.algorithms.mcgdm import HEAD_PREFIX
 from fedbed.federation.arrays import weighted_average
 from fedbed.federation.devices import HOST
 from fedbed.federation.local_data import Batch, ClientData
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
+from fedbed.models import HEAD_PREFIX
 
 GRADIENT_PREFIX = "fediir_mean_gradient/"
 """Prefix of the payload and reply slots of the mean classifier gradient: the slot of the model's

@@ -89,10 +89,7 @@ from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
 from fedbed.data.augmentation import AUGMENTATIONS, Augmentation
 from fedbed.federation.local_data import Batch
 from fedbed.federation.messages import Payload, Reply, RoundSummary
-
-HEAD_PREFIX = "classifier."
-"""State-dict prefix of the classifier head C of a :class:`~fedbed.models.DomainClassifier`."""
-
+from fedbed.models import HEAD_PREFIX
 
 class MCGDMHyperparameters(LocalTrainingHyperparameters):
     """MCGDM's hyperparameters (``mcgdm.md``, Implementation Details; ablations of Tables 4 and 6).

@@ -2,6 +2,7 @@
 
 from fedbed.models.networks import (
     FIXED_INPUT_SIZES,
+    HEAD_PREFIX,
     MODELS,
     DomainClassifier,
     ModelError,
@@ -9,4 +10,4 @@ from fedbed.models.networks import (
     model_refusal,
 )
 
-__all__ = ["FIXED_INPUT_SIZES", "MODELS", "DomainClassifier", "ModelError", "build_model", "model_refusal"]
+__all__ = ["FIXED_INPUT_SIZES", "HEAD_PREFIX", "MODELS", "DomainClassifier", "ModelError", "build_model", "model_refusal"]

@@ -19,6 +19,11 @@ from fedbed.models.backbones import (  # ModelError lives there, below the netwo
 from fedbed.models.mixstyle import insert_mixstyle
 
 
+HEAD_PREFIX = "classifier."
+"""State-dict prefix of the classifier head of a :class:`DomainClassifier` (MCGDM's heads, FedIIR's
+classifier gradient)."""
+
+
 class DomainClassifier(nn.Module):
     """``classifier(featurizer(x))`` with both parts reachable by name.
 
