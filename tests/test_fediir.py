@@ -194,3 +194,19 @@ def test_a_short_real_run_finishes_with_finite_losses(tmp_path):
         assert metrics["ema_gradient_norm"] > 0
     assert rounds[1]["metrics"]["ema_gradient_norm"] != rounds[0]["metrics"]["ema_gradient_norm"]
     assert summary["evaluation"]["protocol"] == "argmax"
+
+
+def test_the_gradient_slots_are_left_out_of_the_measured_updates():
+    """The engine's update telemetry and outlier check measure the model only: a slot that moved
+    by 100 changes nothing, a model array that moved by 3 is the whole update."""
+    from fedbed.algorithms.fediir import GRADIENT_PREFIX, FedIIRStrategy
+    from fedbed.federation.engine import client_updates
+    from fedbed.federation.messages import Payload, Reply
+
+    assert FedIIRStrategy.auxiliary_array_prefixes == (GRADIENT_PREFIX,)
+    sent = {"classifier.bias": torch.zeros(2), GRADIENT_PREFIX + "classifier.bias": torch.zeros(2)}
+    returned = {"classifier.bias": torch.tensor([3.0, 0.0]), GRADIENT_PREFIX + "classifier.bias": torch.tensor([100.0, 0.0])}
+    _, updates = client_updates({0: Payload(arrays=sent)}, {0: Reply(arrays=returned, num_examples=1)}, (GRADIENT_PREFIX,))
+    assert updates.tolist() == [[3.0, 0.0]]
+    _, both = client_updates({0: Payload(arrays=sent)}, {0: Reply(arrays=returned, num_examples=1)})
+    assert float(both.norm()) > 100

@@ -46,8 +46,9 @@ Differences from the authors' code:
   1e-3 (VLCS, OfficeHome), 2.5e-3 (PACS) at batch 64/32/32/32; FedIIR keeps FedBed's shared one;
 - its mean gradient sees the training loader's augmented batches in random order.
 
-The gradient slots are payload ``arrays``, so the engine's alignment telemetry and its
-``update_norm_factor`` check measure ``g_k − ḡ`` beside the model's update. The server needs each
+The gradient slots are payload ``arrays`` that the strategy declares auxiliary
+(``auxiliary_array_prefixes``), so the engine checks them with the model but leaves them out of
+the updates its alignment telemetry and ``update_norm_factor`` check measure. The server needs each
 client's own gradient unclipped and unnoised (client-side clipping would scale the gradient with
 the model): robust aggregation and differential privacy are refused for FedIIR.
 """
@@ -233,6 +234,8 @@ class FedIIRStrategy(FedAvgStrategy):
         uniform: average the models with weight 1 per client (the authors' 1/K) instead of n_k.
         aggregation: the averaging seam (FedAvg's by default).
     """
+
+    auxiliary_array_prefixes = (GRADIENT_PREFIX,)  # the slots are not the model: no update telemetry
 
     def __init__(self, seed: int = 0, gradient_ema: float = 0.95, uniform: bool = False,
                  aggregation: ModelAggregation | None = None) -> None:

@@ -179,8 +179,11 @@ def check_reply(reply: Reply, expected: dict[str, torch.Tensor], client_timeout:
     return None
 
 
-def client_updates(payloads: dict[int, Payload], replies: dict[int, Reply]) -> tuple[list[int], torch.Tensor] | None:
-    """Each replying client's update ``reply − payload`` over the floating-point arrays both hold.
+def client_updates(payloads: dict[int, Payload], replies: dict[int, Reply],
+                   auxiliary_prefixes: tuple[str, ...] = ()) -> tuple[list[int], torch.Tensor] | None:
+    """Each replying client's update ``reply − payload`` over the floating-point arrays both hold,
+    but for those whose names start with one of ``auxiliary_prefixes`` (arrays that are not the
+    model: :attr:`~fedbed.federation.strategy.ServerStrategy.auxiliary_array_prefixes`).
 
     Returns:
         ``(client ids, updates [K, P])``, or ``None`` when there is no reply or the replies share
@@ -189,7 +192,8 @@ def client_updates(payloads: dict[int, Payload], replies: dict[int, Reply]) -> t
     order = sorted(replies)
     if not order:
         return None
-    keys = floating_keys(payloads[order[0]].arrays, replies[order[0]].arrays)
+    keys = [key for key in floating_keys(payloads[order[0]].arrays, replies[order[0]].arrays)
+            if not key.startswith(auxiliary_prefixes)]
     if not keys:
         return None
     updates = torch.stack([flatten(replies[c].arrays, keys) - flatten(payloads[c].arrays, keys) for c in order])
@@ -283,13 +287,14 @@ def checked_replies(federation: Federation, payloads: dict[int, Payload],
             replies[client] = outcome
         else:
             dropped[str(client)] = reason
-    updates = client_updates(payloads, replies)
+    auxiliary = federation.strategy.auxiliary_array_prefixes
+    updates = client_updates(payloads, replies, auxiliary)
     if updates is not None:
         outliers = outlying_updates(updates[0], updates[1].norm(dim=1), federation.update_norm_factor)
         if outliers:
             dropped.update({str(client): reason for client, reason in outliers.items()})
             replies = {client: reply for client, reply in replies.items() if client not in outliers}
-            updates = client_updates(payloads, replies)
+            updates = client_updates(payloads, replies, auxiliary)
     return replies, dropped, updates
 
 

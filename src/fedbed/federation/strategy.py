@@ -47,9 +47,14 @@ class ServerStrategy(ABC):
             from every selected client; the engine then stops the run with one message naming the
             lost clients instead of aggregating the others (default ``False``: a lost client is
             dropped and the round goes on).
+        auxiliary_array_prefixes: names of payload ``arrays`` that are not the model (FedIIR's
+            gradient slots, ``fediir_mean_gradient/``): checked like the others, but left out of
+            the clients' updates that the alignment telemetry and the ``update_norm_factor``
+            check measure.
     """
 
     requires_every_client: bool = False
+    auxiliary_array_prefixes: tuple[str, ...] = ()
 
     @abstractmethod
     def initialize(self, model: nn.Module, clients: list[ClientInfo]) -> None:

@@ -100,6 +100,7 @@ class KnowledgeVoteAdaptation(ServerStrategy):
         self.device = device
         self.seed, self.confidence_gate = seed, confidence_gate
         self.requires_every_client = inner.requires_every_client
+        self.auxiliary_array_prefixes = inner.auxiliary_array_prefixes
         self.target: UnlabeledImages | None = None
 
     def initialize(self, model: nn.Module, clients: list[ClientInfo]) -> None:
