@@ -125,7 +125,7 @@ def assert_same_run(expected_dir, actual_dir, eval_size: int):
 @pytest.mark.parametrize("algorithm, backends", [("mcgdm", ("flower-deployment",)),
                                                  ("hfedf", ("flower-deployment",)),
                                                  ("mcgdm+fedomg", ("flower-sim", "flower-deployment")),
-                                                 ("fedsr+feddg_ga", ("flower-sim",))])
+                                                 ("fedprox+feddg_ga", ("flower-sim",))])
 def test_same_results_in_process_and_on_flower(tmp_path, algorithm, backends, no_orphans, monkeypatch, capfd):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     threads = torch.get_num_threads()
