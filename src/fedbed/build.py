@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import yaml
 
 from fedbed.algorithms import AlgorithmContext, TrainingBudget
 from fedbed.algorithms.base.model_aggregation import FedAvgStrategy, ModelAggregation
@@ -42,6 +44,7 @@ from fedbed.data import (
 )
 from fedbed.data.augmentation import Augmentation
 from fedbed.data.base import DatasetSpec
+from fedbed.federation.checkpoints import EngineError, saved_global_model
 from fedbed.federation.client_evaluation import ClientEvaluator, holdout_shares
 from fedbed.federation.devices import DeviceError, resolve_device, set_deterministic
 from fedbed.federation.engine import (
@@ -55,6 +58,7 @@ from fedbed.federation.local_data import ClientData
 from fedbed.federation.sampling import clients_per_round
 from fedbed.federation.transport import ClientTransport
 from fedbed.models import FIXED_INPUT_SIZES, ModelError, build_model
+from fedbed.run_directory import CHECKPOINT_NAME, CONFIG_NAME
 from fedbed.seeding import derive_seed
 
 
@@ -90,7 +94,8 @@ class BuiltRun:
         evaluation_protocol: ``argmax`` or ``linear_probe`` (the config's, else the method's).
         model_name: the model actually built.
         context: what the method's halves are created with.
-        initial_model: the freshly initialised model (seeded), handed to the strategy.
+        initial_model: the freshly initialised model (seeded), handed to the strategy (with
+            ``init_from``, loaded with :attr:`warm_start`'s arrays first).
     """
 
     config: ExperimentConfig
@@ -105,6 +110,40 @@ class BuiltRun:
     initial_model: torch.nn.Module
     adaptation_indices: torch.Tensor
     evaluation_protocol: str
+
+    @functools.cached_property
+    def warm_start(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+        """With ``init_from``: the source run's global model (a state dict fitting this run's
+        model) and what the records say of it: ``{"run": folder, "algorithm": its method,
+        "round": the round it was saved after, "model_digest": SHA-256 of its arrays}``. Read
+        on the server only (the strategy starts from it; clients receive it as the round-1
+        payload). ``None`` without ``init_from``.
+
+        Raises:
+            ConfigError: an unreadable checkpoint, a method that keeps no global model, or a
+                model whose arrays differ from this run's (names, shapes or dtypes): one line.
+        """
+        source = self.config.init_from
+        if source is None:
+            return None
+        try:
+            state, round_number = saved_global_model(source / CHECKPOINT_NAME)
+        except EngineError as error:
+            raise ConfigError(f"init_from: {error}") from None
+        own = self.initial_model.state_dict()
+        for name in sorted(set(own) | set(state)):
+            theirs, mine = state.get(name), own.get(name)
+            if theirs is None or mine is None or theirs.shape != mine.shape or theirs.dtype != mine.dtype:
+                raise ConfigError(f"init_from: {source}'s model does not fit this run's {self.model_name} (array {name}: "
+                                  f"{_described(theirs)} there, {_described(mine)} here): start from a run of the same "
+                                  "model and method")
+        settings = yaml.safe_load((source / CONFIG_NAME).read_text()) if (source / CONFIG_NAME).is_file() else {}
+        digest = hashlib.sha256()
+        for name in sorted(state):
+            digest.update(name.encode())
+            digest.update(state[name].detach().cpu().contiguous().numpy().tobytes())
+        return state, {"run": str(source), "algorithm": settings.get("algorithm"), "round": round_number,
+                       "model_digest": digest.hexdigest()[:16]}
 
     @property
     def probe(self) -> LinearProbe | None:
@@ -268,12 +307,20 @@ class BuiltRun:
         # client trainer, an in-process run does).
         torch.manual_seed(derive_seed(self.config.seed, 1))
         try:
-            federation.strategy.initialize(copy.deepcopy(self.initial_model), client_infos(self.partitions))
+            model = copy.deepcopy(self.initial_model)
+            if self.warm_start is not None:
+                model.load_state_dict(self.warm_start[0])
+            federation.strategy.initialize(model, client_infos(self.partitions))
         except ValueError as error:
             raise ConfigError(str(error)) from None
         if federation.adaptation_target is not None:
             federation.strategy.receive_adaptation_target(federation.adaptation_target)
         return federation
+
+
+def _described(tensor: torch.Tensor | None) -> str:
+    """An array's dtype and shape, or that there is none (a warm start's refusal)."""
+    return "no such array" if tensor is None else f"{tensor.dtype} {tuple(tensor.shape)}"
 
 
 def image_size_of(config: ExperimentConfig, spec: DatasetSpec) -> int | None:

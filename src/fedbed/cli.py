@@ -94,6 +94,8 @@ def run(
         help="Where the id holdouts are scored: server, or clients (each site its own share; equal scores).")] = None,
     pretrained: Annotated[Optional[str], typer.Option(
         help="Pretrained backbone weights: imagenet (from the torch hub / timm cache; see README).")] = None,
+    init_from: Annotated[Optional[Path], typer.Option(
+        help="Start from the global model of this run folder's checkpoint (a warm start; same model and method family).")] = None,
     device: Annotated[Optional[str], typer.Option(
         help="Where to train and evaluate: auto (the first CUDA device, else the CPU), cpu, cuda, cuda:N or mps.")] = None,
     precision: Annotated[Optional[str], typer.Option(
@@ -128,6 +130,7 @@ def run(
             "run_dir": run_dir,
             "id_evaluation": id_evaluation,
             "pretrained": pretrained,
+            "init_from": init_from,
             "device": device,
             "precision": precision,
             "deterministic": deterministic,

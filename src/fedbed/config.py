@@ -54,6 +54,7 @@ from fedbed.federation.local_data import INPUT_SCALINGS
 from fedbed.federation.sampling import clients_per_round
 from fedbed.models import model_refusal
 from fedbed.models.backbones import PRETRAINED_SOURCES
+from fedbed.run_directory import CHECKPOINT_NAME
 
 PROTOCOLS = ("domain_generalization", "domain_adaptation")
 """What the target domain gives the run: nothing but its test samples, or also unlabelled images."""
@@ -124,6 +125,11 @@ class ExperimentConfig(BaseModel):
             ``timm:NAME`` model with timm's, read from their caches (:mod:`fedbed.models.backbones`);
             refused at validation when they are not cached, unless ``FEDBED_ALLOW_DOWNLOADS=1``
             (then downloaded when the model is built). Not with ``pretrained_weights``. Unset: none.
+        init_from: a run folder (finished or not, on this machine) whose checkpoint's global model
+            this run starts from instead of a fresh one: a warm start. Only the global model is
+            read, never a client's state; the architectures must match. Part of the run's
+            identity; recorded with the source's method and round in the summary, the provenance
+            line and the reports' labels. Unset: a fresh model.
         freeze_batchnorm: keep the featurizer's BatchNorm layers in evaluation mode in training
             (DomainBed's ``freeze_bn``: running statistics neither used nor updated); unset: off.
         classifier_dropout: dropout on the features before the classifier (DomainBed's
@@ -228,6 +234,7 @@ class ExperimentConfig(BaseModel):
     class_names: list[str] | None = Field(None, min_length=1)
     model: str | None = None
     pretrained_weights: Path | None = None
+    init_from: Path | None = None
     pretrained: Literal[PRETRAINED_SOURCES] | None = None
     freeze_batchnorm: bool | None = None
     classifier_dropout: float | None = Field(None, ge=0, lt=1)
@@ -512,6 +519,8 @@ class ValidatedConfig:
             updates["data_root"] = config.data_root.resolve()
         if config.pretrained_weights is not None:
             updates["pretrained_weights"] = config.pretrained_weights.resolve()
+        if config.init_from is not None:
+            updates["init_from"] = config.init_from.resolve()
         return replace(self, config=config.model_copy(update=updates),
                        data_root=self.data_root.resolve() if self.data_root is not None else None)
 
@@ -581,6 +590,9 @@ def validate(config: ExperimentConfig) -> ValidatedConfig:
         raise ConfigError(refusal)
     if config.precision is not None and config.precision not in algorithm.precisions:
         raise ConfigError(f"{algorithm.name} trains in {' or '.join(algorithm.precisions)} only, not {config.precision}")
+    if config.init_from is not None and not (config.init_from / CHECKPOINT_NAME).is_file():
+        raise ConfigError(f"init_from: {config.init_from} holds no {CHECKPOINT_NAME} to start from (checkpoints are never "
+                          "committed: give the folder of a run made on this machine, or run it again)")
     if config.pretrained is not None and config.pretrained_weights is not None:
         raise ConfigError("give pretrained (weights from the cache) or pretrained_weights (a local file), not both")
     refusal = model_refusal(config.model or spec.default_model, config.pretrained, bool(config.freeze_batchnorm))

@@ -279,14 +279,18 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
         f"{built.algorithm.name} on {dataset.name}, target {config.target}: {len(partitions)} client(s) "
         f"holding {[[dataset.domain_names[d] for d in p.domains] for p in partitions]}, run dir {run_dir}, backend {backend}, "
         f"device {built.context.device}{'' if config.precision in (None, 'fp32') else ', precision ' + config.precision}"
+        + ("" if built.warm_start is None else
+           f", starting from {built.warm_start[1]['algorithm']}'s model after round {built.warm_start[1]['round']} "
+           f"({config.init_from})")
     )
     starts: list[dict[str, Any]] = []
 
     def note_start(completed_rounds: int) -> None:
         # A resumption with no round left to run trains nothing: no new start is recorded.
         done = completed_rounds >= config.rounds
-        starts.extend(read_starts(run_dir) if done else record_start(run_dir, completed_rounds, dataset.fingerprint,
-                                                                               built.context.device))
+        starts.extend(read_starts(run_dir) if done else record_start(
+            run_dir, completed_rounds, dataset.fingerprint, built.context.device,
+            None if built.warm_start is None else built.warm_start[1]))
 
     began = time.perf_counter()
     evaluations = run_rounds(
@@ -314,6 +318,7 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
         "device": device_description(built.context.device),
         "client_devices": {str(client): device for client, device in sorted(federation.clients.client_devices.items())},
         "precision": config.precision or "fp32",
+        **({} if built.warm_start is None else {"init_from": built.warm_start[1]}),
         "clients": [[dataset.domain_names[d] for d in p.domains] for p in partitions],
         "wall_seconds": time.perf_counter() - began,
         "selection": {rule: select_round(evaluations, rule) for rule in SELECTION_RULES},

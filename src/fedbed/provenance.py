@@ -63,7 +63,7 @@ def current_provenance() -> dict[str, Any]:
 
 
 def record_start(run_dir: Path, completed_rounds: int, data_fingerprint: str | None = None,
-                 device: torch.device | None = None) -> list[dict[str, Any]]:
+                 device: torch.device | None = None, init_from: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Append this start of the run to ``run_dir/provenance.jsonl`` and return every start
     recorded so far, oldest first.
 
@@ -76,6 +76,8 @@ def record_start(run_dir: Path, completed_rounds: int, data_fingerprint: str | N
         data_fingerprint: the data this start reads (:attr:`fedbed.data.DomainDataset.fingerprint`).
         device: where this start computes: its name, and the CUDA and cuDNN versions
             (:func:`fedbed.federation.devices.device_description`).
+        init_from: the warm start's source (:attr:`fedbed.build.BuiltRun.warm_start`'s record:
+            its run folder, method, round and model digest), recorded on every start.
     """
     path = run_dir / PROVENANCE_NAME
     if completed_rounds == 0:
@@ -85,7 +87,8 @@ def record_start(run_dir: Path, completed_rounds: int, data_fingerprint: str | N
     with path.open("a") as log:
         data = {"data_fingerprint": data_fingerprint} if data_fingerprint is not None else {}
         placed = device_description(device) if device is not None else {}
-        log.write(json.dumps({"after_round": completed_rounds, **current_provenance(), **data, **placed}) + "\n")
+        warm = {"init_from": init_from} if init_from is not None else {}
+        log.write(json.dumps({"after_round": completed_rounds, **current_provenance(), **data, **placed, **warm}) + "\n")
     return read_starts(run_dir)
 
 

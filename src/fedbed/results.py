@@ -111,10 +111,14 @@ def variant_of(config: dict[str, Any], variants: dict[str, dict[str, Any]]) -> s
     return max(fitting)[1] if fitting else None
 
 
-def run_label(algorithm: str, hp: dict[str, Any], varied: list[str], variant: str | None = None) -> str:
-    """``algorithm``, with ``[variant]`` for a sweep's named variant and ``(key=value, ...)`` for
-    the hyperparameters its grid varies."""
+def run_label(algorithm: str, hp: dict[str, Any], varied: list[str], variant: str | None = None,
+              init_from: dict[str, Any] | None = None) -> str:
+    """``algorithm``, with ``[variant]`` for a sweep's named variant, ``{from METHOD@ROUND}`` for a
+    warm start (the summary's ``init_from``) and ``(key=value, ...)`` for the hyperparameters its
+    grid varies."""
     label = algorithm if variant is None else f"{algorithm}[{variant}]"
+    if init_from is not None:
+        label += f"{{from {init_from.get('algorithm')}@{init_from.get('round')}}}"
     if not varied:
         return label
     return f"{label}(" + ", ".join(f"{k}={hp.get(k)}" for k in varied) + ")"
@@ -210,8 +214,9 @@ def labelled_runs(sweep_dirs: Path | Sequence[Path]) -> list[FinishedRun]:
     for run in runs:
         algorithm, name = run.summary["algorithm"], variant[run.path]
         keys = sorted(set(varied[run.sweep_dir].get(algorithm, [])) | across[(algorithm, name)])
-        run.summary["label"] = run_label(algorithm, run.summary.get("hp", {}), keys, name)
-        run.summary["group"] = run_label(algorithm, {}, [], name)
+        warm = run.summary.get("init_from")
+        run.summary["label"] = run_label(algorithm, run.summary.get("hp", {}), keys, name, warm)
+        run.summary["group"] = run_label(algorithm, {}, [], name, warm)
         key = (run.summary["label"], run.summary["target"], run.summary["seed"])
         if key in owners:
             other = owners[key].path

@@ -62,3 +62,24 @@ def load_checkpoint(path: Path, strategy, clients=None) -> int:
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise EngineError(f"{path} does not fit this run ({first_line}); it is damaged or was written by another "
                           "version of the method") from None
+
+
+def saved_global_model(path: Path) -> tuple[dict[str, torch.Tensor], int]:
+    """The global model's state dict in the checkpoint at ``path`` and the round it was saved
+    after (1-based): what a warm start (``init_from``) begins with. Only the model is read,
+    never a client's state.
+
+    Raises:
+        EngineError: a damaged checkpoint, or one whose method keeps no single global model
+            (hFedF's hypernetwork, Local-only's client models).
+    """
+    try:
+        checkpoint = torch.load(path, map_location=HOST, weights_only=False)
+        state, round_number = checkpoint["strategy"].get("model"), int(checkpoint["round"])
+    except (RuntimeError, KeyError, EOFError, AttributeError, pickle.UnpicklingError) as error:
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise EngineError(f"{path} cannot be read ({first_line}); it is damaged") from None
+    if not isinstance(state, dict):
+        raise EngineError(f"{path} holds no global model to start from: its method's server keeps none (a "
+                          "hypernetwork, or one model per client)")
+    return state, round_number

@@ -1,0 +1,70 @@
+"""A warm start (``init_from``): a run begins from another run's global model; recorded in the
+config, the provenance, the summary and the reports' labels; refused when it cannot fit; resumed
+bit for bit."""
+
+import json
+
+import pytest
+import torch
+import yaml
+
+from fedbed.algorithms.base.local_training import SupervisedTrainer
+from fedbed.config import ConfigError, validate
+from fedbed.experiment import ExperimentConfig, build_run, run_experiment
+from fedbed.run_directory import CHECKPOINT_NAME, CONFIG_NAME, PROVENANCE_NAME
+from tests.helpers import run_straight_and_resumed
+
+QUIET = dict(progress=False, echo=lambda *_: None)
+SMALL = dict(model="lenet", local_steps=2, batch_size=16)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """A finished two-round FedAvg run (its checkpoint holds the round-2 global model)."""
+    run_dir = tmp_path_factory.mktemp("source") / "fedavg"
+    run_experiment(ExperimentConfig(algorithm="fedavg", rounds=2, run_dir=run_dir, **SMALL), **QUIET)
+    return run_dir
+
+
+def test_a_warm_start_begins_from_the_source_runs_global_model_and_says_so(source, tmp_path):
+    saved = torch.load(source / CHECKPOINT_NAME, weights_only=False)["strategy"]["model"]
+    config = ExperimentConfig(algorithm="fedprox", rounds=1, init_from=source, run_dir=tmp_path / "warm", **SMALL)
+    strategy = build_run(config).federation(clients=None).strategy
+    assert all(torch.equal(strategy.global_model().state_dict()[name], saved[name]) for name in saved)
+    cold = build_run(config.model_copy(update={"init_from": None})).federation(clients=None).strategy
+    assert not torch.equal(cold.global_model().state_dict()["classifier.weight"], saved["classifier.weight"])
+    summary = run_experiment(config, **QUIET)
+    record = summary["init_from"]
+    assert record["algorithm"] == "fedavg" and record["round"] == 2 and record["run"] == str(source)
+    assert len(record["model_digest"]) == 16
+    assert yaml.safe_load((tmp_path / "warm" / CONFIG_NAME).read_text())["init_from"] == str(source)
+    starts = [json.loads(line) for line in (tmp_path / "warm" / PROVENANCE_NAME).read_text().splitlines()]
+    assert starts[-1]["init_from"] == record
+
+
+def test_the_reports_label_a_warm_start_with_its_source(source, tmp_path):
+    from fedbed.reporting import labelled_summaries
+
+    sweep = tmp_path / "sweep"
+    for name, init in (("cold", None), ("warm", source)):
+        run_experiment(ExperimentConfig(algorithm="fedavg", rounds=1, init_from=init, run_dir=sweep / name, **SMALL), **QUIET)
+    assert sorted(s["label"] for s in labelled_summaries(sweep)) == ["fedavg", "fedavg{from fedavg@2}"]
+
+
+def test_a_warm_start_that_cannot_fit_is_refused_in_one_line(source, tmp_path):
+    with pytest.raises(ConfigError, match="holds no checkpoint.pt"):
+        validate(ExperimentConfig(algorithm="fedavg", init_from=tmp_path, **SMALL))
+    with pytest.raises(ConfigError, match="does not fit this run's lenet \\(array featurizer"):
+        build_run(ExperimentConfig(algorithm="fedsr", rounds=1, init_from=source, **SMALL)).warm_start  # noqa: B018
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / CHECKPOINT_NAME).write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="init_from: .* cannot be read"):
+        build_run(ExperimentConfig(algorithm="fedavg", rounds=1, init_from=damaged, **SMALL)).warm_start  # noqa: B018
+
+
+def test_a_warm_started_run_resumes_bit_for_bit(source, tmp_path, monkeypatch):
+    straight, resumed, logs = run_straight_and_resumed(tmp_path, monkeypatch, SupervisedTrainer, algorithm="fedavg",
+                                                       rounds=4, init_from=source, **SMALL)
+    assert logs["straight"] == logs["resumed"]
+    assert straight["selection"] == resumed["selection"] and straight["init_from"] == resumed["init_from"]
