@@ -141,7 +141,7 @@ class BuiltRun:
         digest = hashlib.sha256()
         for name in sorted(state):
             digest.update(name.encode())
-            digest.update(state[name].detach().cpu().contiguous().numpy().tobytes())
+            digest.update(state[name].detach().contiguous().numpy().tobytes())  # loaded on the host
         return state, {"run": str(source), "algorithm": settings.get("algorithm"), "round": round_number,
                        "model_digest": digest.hexdigest()[:16]}
 
