@@ -89,11 +89,13 @@ def test_a_site_sends_only_parameters_and_metrics(tmp_path):
     assert set(content.metric_records["metrics"]) == {"loss", "fit_seconds", "num_examples"}  # fit_seconds: the client time limit
     assert content.metric_records["metrics"]["num_examples"] == len(built.partitions[1].indices)
     assert STATE_RECORD in context.state.config_records  # the client state stayed on the node
-    # Evaluating on its id-holdout share, it sends back counts per model and domain, nothing else.
+    # Evaluating on its id-holdout share, it sends back counts per model and domain, nothing else:
+    # samples, correct ones, and samples predicted as each of the ten classes (no prediction of a sample).
     payload = evaluation_payloads([(built.initial_model, None)], [p.domains for p in built.partitions])[1]
     scored = client_evaluate(instruction(payload_to_records(payload), node=9), context, config.model_dump_json()).content
     assert not scored.config_records and not scored.array_records["arrays"]
-    expected = {f"model0/domain{d}/{s}" for d in built.partitions[1].domains for s in ("n", "correct")}
+    counts = ("n", "correct", *(f"predicted_{c}" for c in range(10)))
+    expected = {f"model0/domain{d}/{s}" for d in built.partitions[1].domains for s in counts}
     assert set(scored.metric_records["metrics"]) == expected | {"num_examples"}
 
 

@@ -35,7 +35,7 @@ from fedbed.federation.engine import (
     Federation,
     run_rounds,
 )
-from fedbed.federation.evaluation import SELECTION_RULES, select_round
+from fedbed.federation.evaluation import COLLAPSE_EVALUATIONS, COLLAPSE_SHARE, SELECTION_RULES, collapse_of, select_round
 from fedbed.federation.run_log import fault_summary
 from fedbed.federation.transport import InProcessClients
 from fedbed.jsonlog import to_json
@@ -322,6 +322,7 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
         "clients": [[dataset.domain_names[d] for d in p.domains] for p in partitions],
         "wall_seconds": time.perf_counter() - began,
         "selection": {rule: select_round(evaluations, rule) for rule in SELECTION_RULES},
+        "collapse": collapse_of(evaluations),
         "evaluation": statement,
         "provenance": starts,
         "faults": fault_summary(run_dir / LOG_NAME),
@@ -335,5 +336,12 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
         echo(f"faults: {faults['dropped_replies']} repl{'y' if faults['dropped_replies'] == 1 else 'ies'} dropped "
              f"(reasons in rounds.jsonl, 'dropped'); rounds that kept the previous model: "
              f"{', '.join(faults['rounds_keeping_previous_model']) or 'none'}")
+    collapse = summary["collapse"]
+    if collapse is not None:
+        names = dataset.class_names or ()
+        name = names[collapse["class"]] if collapse["class"] < len(names) else f"class {collapse['class']}"
+        echo(f"warning: the model collapsed to one class: from round {collapse['round']} it predicts {name} for "
+             f"{collapse['share']:.0%} of the source holdouts ({collapse['evaluations']} evaluations at "
+             f"{COLLAPSE_SHARE:.0%} or more, {COLLAPSE_EVALUATIONS} in a row); summary.json 'collapse'")
     (run_dir / SUMMARY_NAME).write_text(to_json(summary, indent=2))
     return summary

@@ -112,7 +112,8 @@ def score_table(
                 if per_seed:
                     by_seed = {s["seed"]: s["selection"][selection][f"{kind}_mean"] for s in runs}
                     cells += [f"{by_seed[seed]:.1f}" if seed in by_seed else "–" for seed in seeds[target]]
-                cells.append(format_spread(values, spread) if values else "–")
+                collapsed = " †" if any(s.get("collapse") for s in runs) else ""  # collapse_notes names the runs
+                cells.append(format_spread(values, spread) + collapsed if values else "–")
                 if values:
                     means[selection].append(sum(values) / len(values))
         if len(targets) > 1:
@@ -441,7 +442,7 @@ def build_report(
         warnings.append(f"note: {len(unfinished)} unfinished run(s) left out (no {SUMMARY_NAME} yet), e.g. {unfinished[0]}")
     runs = [run for run in runs if run.summary["group" if select_hparams else "label"] in labels]
     return Report(selections, tables, summaries, runs,
-                  [f"data: {line}" for line in sources] + evaluation_notes(summaries), warnings)
+                  [f"data: {line}" for line in sources] + evaluation_notes(summaries) + collapse_notes(summaries), warnings)
 
 
 def render_report(report: Report, format: str = "markdown") -> str:
@@ -458,6 +459,14 @@ def render_report(report: Report, format: str = "markdown") -> str:
         raise ValueError(f"unknown format {format!r}; choose one of {', '.join(RENDERERS)}, csv")
     text = "\n\n".join(RENDERERS[format](rows) for rows in report.tables.values())
     return text + "\n\n" + "\n".join(report.notes) if report.notes and format == "markdown" else text
+
+
+def collapse_notes(summaries: list[dict[str, Any]]) -> list[str]:
+    """One line per run whose model collapsed to one class (the summary's ``collapse``,
+    :func:`fedbed.federation.evaluation.collapse_of`); the score tables mark its cells with †."""
+    return [f"† collapsed: {s['label']}, target {s['target']}, seed {s['seed']}: class {s['collapse']['class']} predicted "
+            f"for {s['collapse']['share']:.0%} of the source holdouts from round {s['collapse']['round']}"
+            for s in summaries if s.get("collapse")]
 
 
 def evaluation_notes(summaries: list[dict[str, Any]]) -> list[str]:

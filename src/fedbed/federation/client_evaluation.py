@@ -6,7 +6,7 @@ into contiguous, near-equal shares among the clients holding that domain, in cli
 (:func:`holdout_shares`). At every evaluated round the server sends each client the models that
 count towards its domains (:func:`evaluation_payloads`); the client scores them on its share and
 returns sums only (:func:`fedbed.federation.evaluation.metric_statistics`: sample and correct
-counts, or the sums of Pearson's r); the server adds the shares up (:func:`combine_client_statistics`).
+counts and the count of samples predicted as each class, or the sums of Pearson's r); the server adds the shares up (:func:`combine_client_statistics`).
 The sums are exact, so a domain's id accuracy equals the one the server would compute on the
 whole holdout. The ood score stays on the server: the target domain belongs to no client.
 """

@@ -47,8 +47,9 @@ def metric_statistics(model: nn.Module, data: ClientData, task: str = "classific
     exactly (:func:`score_from_statistics`).
 
     Returns:
-        classification: ``{"n", "correct"}`` (samples; samples whose arg-max logit is the label);
-        regression: ``{"n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy"}`` over the outputs
+        classification: ``{"n", "correct", "predicted_0", ..., "predicted_{C-1}"}`` (samples;
+        samples whose arg-max logit is the label; samples predicted as each class: the counts
+        from which :func:`top_class` tells a collapsed model); regression: ``{"n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy"}`` over the outputs
         ``x`` ``[n]`` and the targets ``y`` ``[n]``, in float64.
 
     Raises:
@@ -60,15 +61,66 @@ def metric_statistics(model: nn.Module, data: ClientData, task: str = "classific
         return {"n": 0.0, "correct": 0.0} if task == "classification" else dict.fromkeys(_REGRESSION_SUMS, 0.0)
     outputs = data.outputs_of(model)
     if task == "classification":
-        return {"n": float(len(data)), "correct": float((outputs.argmax(dim=1) == data.targets).sum())}
+        predicted = outputs.argmax(dim=1)
+        counts = torch.bincount(predicted, minlength=outputs.shape[1]).tolist()
+        return {"n": float(len(data)), "correct": float((predicted == data.targets).sum()),
+                **{f"{PREDICTED}{c}": float(count) for c, count in enumerate(counts)}}
     x, y = outputs.squeeze(1).to(torch.float64), data.targets.to(torch.float64)
     return {"n": float(len(data)), "sum_x": float(x.sum()), "sum_y": float(y.sum()), "sum_xx": float((x * x).sum()),
             "sum_yy": float((y * y).sum()), "sum_xy": float((x * y).sum())}
 
 
 def add_statistics(parts: list[dict[str, float]]) -> dict[str, float]:
-    """Key-wise sum of :func:`metric_statistics` of disjoint parts of one set."""
-    return {key: sum(part[key] for part in parts) for key in parts[0]} if parts else {}
+    """Key-wise sum of :func:`metric_statistics` of disjoint parts of one set (a key a part lacks,
+    an empty part's class counts, counts 0)."""
+    keys = list(dict.fromkeys(key for part in parts for key in part))
+    return {key: sum(part.get(key, 0.0) for part in parts) for key in keys}
+
+
+PREDICTED = "predicted_"
+"""Prefix of :func:`metric_statistics`' per-class prediction counts (``predicted_3``)."""
+
+COLLAPSE_SHARE = 0.9
+"""A model predicting one class for at least this share of the source holdouts has collapsed ..."""
+COLLAPSE_EVALUATIONS = 3
+"""... when it does so for this many evaluations in a row (:func:`collapse_of`)."""
+
+
+def top_class(statistics: dict[str, float]) -> tuple[int, float] | None:
+    """The most-predicted class of :func:`metric_statistics` (summed over parts or models) and
+    the share of the samples predicted as it; ``None`` without class counts (regression, a
+    linear probe, an empty set, statistics recorded before the counts were)."""
+    counts = {int(key.removeprefix(PREDICTED)): value for key, value in statistics.items() if key.startswith(PREDICTED)}
+    total = sum(counts.values())
+    if not counts or total <= 0:
+        return None
+    best = max(counts, key=lambda c: (counts[c], -c))
+    return best, counts[best] / total
+
+
+def collapse_of(evaluations: list[dict[str, Any]], share: float = COLLAPSE_SHARE,
+                in_a_row: int = COLLAPSE_EVALUATIONS) -> dict[str, Any] | None:
+    """Whether a run's model collapsed to one class: the first of ``in_a_row`` consecutive
+    evaluations whose most-predicted class over the pooled source holdouts (``top_class.id``)
+    takes at least ``share`` of the samples (whichever class it is: a model jumping from one
+    class to another between rounds has collapsed too).
+
+    Returns:
+        ``{"round": the first such evaluation's round, "class": its class index, "share": its
+        share, "evaluations": how many evaluations in all met the condition}``, or ``None``.
+    """
+    streak: list[dict[str, Any]] = []
+    found = None
+    met = 0
+    for evaluation in evaluations:
+        pooled = (evaluation.get("top_class") or {}).get("id")
+        hit = pooled is not None and pooled[1] >= share
+        met += hit
+        streak = streak + [evaluation] if hit else []
+        if found is None and len(streak) >= in_a_row:
+            first = streak[0]
+            found = {"round": first["round"], "class": first["top_class"]["id"][0], "share": first["top_class"]["id"][1]}
+    return None if found is None else {**found, "evaluations": met}
 
 
 def score_from_statistics(statistics: dict[str, float], task: str = "classification") -> float:
@@ -136,7 +188,10 @@ def evaluate_models(
 
     Returns:
         ``{"metric": name, "id": {domain: score}, "id_mean": float, "ood": {domain: score},
-        "ood_mean": float}``; the means are unweighted over domains. A linear probe with
+        "ood_mean": float}``; the means are unweighted over domains. A classification scored by
+        arg-max adds ``"top_class": {"id": [class, share], "id_domains": {domain: [class, share]},
+        "ood": {domain: [class, share]}}``: the most-predicted class and the share of the samples
+        predicted as it, over the pooled source holdouts and per domain (:func:`collapse_of`). A linear probe with
         ``repeats`` > 1 adds ``"probe_std": {"id": {domain: std}, "ood": {domain: std}}``: the
         sample standard deviation (percentage points) over the repeats, each repeat's score
         averaged over the models (FedGaLA Sec. 4 reports mean ± std over probe seeds).
@@ -154,11 +209,15 @@ def _scores(models: list[tuple[nn.Module, tuple[int, ...] | None]], holdout: dic
     result: dict[str, Any] = {"metric": METRICS[task] if probe is None else "linear_probe_accuracy", "id": {}, "ood": {}}
     spread: dict[str, dict[str, float]] = {"id": {}, "ood": {}}
 
-    def score(model: nn.Module, data: ClientData, domain_id: int) -> list[float]:
+    predictions: dict[str, dict[int, list[dict[str, float]]]] = {"id": {}, "ood": {}}
+
+    def score(model: nn.Module, data: ClientData, domain_id: int, kind: str) -> list[float]:
         """The score of ``model`` on ``data``: one value, or one per probe repeat."""
         if probe is not None:
             return probe.scores(model, data, num_classes, seed, domain_id)
-        return [score_from_statistics(metric_statistics(model, data, task), task)]
+        statistics = metric_statistics(model, data, task)
+        predictions[kind].setdefault(domain_id, []).append(statistics)
+        return [score_from_statistics(statistics, task)]
 
     def record(kind: str, domain_id: int, per_model: list[list[float]]) -> None:
         """The models' mean score (each model's the mean of its repeats), and its spread over repeats."""
@@ -173,16 +232,23 @@ def _scores(models: list[tuple[nn.Module, tuple[int, ...] | None]], holdout: dic
     for domain_id in holdout if id_statistics is None or id_domains is None else id_domains:
         counted = [j for j, (_, ds) in enumerate(models) if ds is None or domain_id in ds]
         if id_statistics is None:
-            per_model = [score(models[j][0], holdout[domain_id], domain_id) for j in counted]
+            per_model = [score(models[j][0], holdout[domain_id], domain_id, "id") for j in counted]
         else:
             per_model = [[score_from_statistics(id_statistics[(j, domain_id)], task) if (j, domain_id) in id_statistics
                           else float("nan")] for j in counted]
+            predictions["id"][domain_id] = [id_statistics[(j, domain_id)] for j in counted if (j, domain_id) in id_statistics]
         if per_model:
             record("id", domain_id, per_model)
     for domain_id, data in target.items():
-        record("ood", domain_id, [score(m, data, domain_id) for m, _ in models])
+        record("ood", domain_id, [score(m, data, domain_id, "ood") for m, _ in models])
     if spread["id"] or spread["ood"]:
         result["probe_std"] = spread
+    tops = {kind: {domain_names[d]: top_class(add_statistics(parts)) for d, parts in by_domain.items()}
+            for kind, by_domain in predictions.items()}
+    pooled = top_class(add_statistics([part for parts in predictions["id"].values() for part in parts]))
+    if pooled is not None:  # classification by arg-max: the share of the most-predicted class
+        result["top_class"] = {"id": list(pooled), "id_domains": {n: list(t) for n, t in tops["id"].items() if t},
+                               "ood": {n: list(t) for n, t in tops["ood"].items() if t}}
     for kind in ("id", "ood"):
         values = list(result[kind].values())
         result[f"{kind}_mean"] = sum(values) / len(values) if values else float("nan")

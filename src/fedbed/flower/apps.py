@@ -159,8 +159,9 @@ def client_evaluate(message: Message, context: Context, config_json: str, digest
     """Score the received models on this node's id-holdout share (Flower's ``evaluate`` message;
     ``digest`` as :func:`cached_run`'s).
 
-    The reply carries sums only (sample and correct counts per model and domain; see
-    :func:`fedbed.federation.evaluation.metric_statistics`), never samples or predictions.
+    The reply carries sums only (sample, correct and per-class prediction counts per model and
+    domain; see :func:`fedbed.federation.evaluation.metric_statistics`), never a sample or its
+    prediction.
     """
     evaluator, holdout = _client_evaluation(config_json, client_id_of(context), digest)
     return Message(reply_to_records(evaluator.evaluate(payload_from_records(message.content), holdout)), reply_to=message)
