@@ -116,38 +116,150 @@ def one_minus_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return 1.0 - float(a @ b) / float(a.norm() * b.norm())
 
 
+HAND_WEIGHT, HAND_BIAS = torch.tensor([[0.5, -1.0], [0.25, 0.5]]), torch.tensor([0.1, -0.2])
+HAND_HEADS = [(torch.tensor([[1.0, 0.0], [0.0, -1.0]]), torch.tensor([0.0, 0.3])),
+              (torch.tensor([[-0.5, 0.5], [2.0, 0.0]]), torch.tensor([0.2, 0.0]))]
+HAND_X, HAND_AUGMENTED, HAND_Y = torch.tensor([[1.0, 2.0], [0.0, -1.0]]), torch.tensor([[2.0, 0.0], [1.0, 1.0]]), torch.tensor([0, 1])
+
+
+def client_batch_loss(hp: dict) -> float:
+    """The MCGDM client's loss on one batch of the hand-computed case (features = inputs, a 2x2
+    linear head, the two previous heads of ``HAND_HEADS`` in the payload), under ``hp``."""
+    from fedbed.federation.local_data import Batch
+    from fedbed.federation.messages import Payload
+
+    algorithm = get_algorithm("mcgdm")
+    hparams = resolve_hyperparameters(algorithm, hp)
+    factory = lambda: DomainClassifier(nn.Flatten(), nn.Linear(2, 2), 2)  # noqa: E731  features = inputs
+    trainer = algorithm.create_trainer(hparams, AlgorithmContext(factory, TrainingBudget(batch_size=2, local_steps=1), seed=0))
+    read_only = {f"head{j}/{name}": tensor for j, (w, b) in enumerate(HAND_HEADS) for name, tensor in (("weight", w), ("bias", b))}
+    payload = Payload(arrays={"classifier.weight": HAND_WEIGHT, "classifier.bias": HAND_BIAS}, read_only_arrays=read_only,
+                      config={"round": 2, "rounds": 3, "batch_seed": 7})
+    trainer.model.load_state_dict(payload.arrays)
+    return trainer.batch_loss(trainer.model, Batch(inputs=HAND_X, targets=HAND_Y, views=(HAND_AUGMENTED,)), payload, {}).item()
+
+
+def hand_terms() -> tuple[float, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """½(CE(x) + CE(A(x))), g, g' and the previous heads' g_j of the hand-computed case, by hand."""
+    ce = cross_entropy_by_hand(HAND_WEIGHT, HAND_BIAS, HAND_X, HAND_Y) + cross_entropy_by_hand(HAND_WEIGHT, HAND_BIAS, HAND_AUGMENTED, HAND_Y)
+    g, g_augmented = head_gradient_by_hand(HAND_WEIGHT, HAND_BIAS, HAND_X, HAND_Y), head_gradient_by_hand(HAND_WEIGHT, HAND_BIAS, HAND_AUGMENTED, HAND_Y)
+    return 0.5 * float(ce), g, g_augmented, [head_gradient_by_hand(w, b, HAND_X, HAND_Y) for w, b in HAND_HEADS]
+
+
 def test_one_mcgdm_batch_loss_is_eq_8_by_hand():
     """The loss the MCGDM client minimises on one batch, with its default hyperparameters (λ = 0.3,
     ``inter_reduction: sum``), equals ½(CE(x) + CE(A(x))) + λ L_intra + (1 − λ) L_inter computed by
     hand from the same tensors: the head's gradients from their closed form, L_intra = 1 − cos(g, g'),
     L_inter = Σ_j (1 − cos(g', g_j)) over the two previous heads the server sent."""
-    from fedbed.federation.local_data import Batch
-    from fedbed.federation.messages import Payload
-
-    algorithm = get_algorithm("mcgdm")
-    hparams = algorithm.hyperparameters()
+    hparams = get_algorithm("mcgdm").hyperparameters()
     assert hparams.matching_lambda == 0.3 and hparams.inter_reduction == "sum"
-    factory = lambda: DomainClassifier(nn.Flatten(), nn.Linear(2, 2), 2)  # noqa: E731  features = inputs
-    trainer = algorithm.create_trainer(hparams, AlgorithmContext(factory, TrainingBudget(batch_size=2, local_steps=1), seed=0))
-    weight, bias = torch.tensor([[0.5, -1.0], [0.25, 0.5]]), torch.tensor([0.1, -0.2])
-    heads = [(torch.tensor([[1.0, 0.0], [0.0, -1.0]]), torch.tensor([0.0, 0.3])),
-             (torch.tensor([[-0.5, 0.5], [2.0, 0.0]]), torch.tensor([0.2, 0.0]))]
-    read_only = {f"head{j}/{name}": tensor for j, (w, b) in enumerate(heads) for name, tensor in (("weight", w), ("bias", b))}
-    payload = Payload(arrays={"classifier.weight": weight, "classifier.bias": bias}, read_only_arrays=read_only,
-                      config={"round": 2, "rounds": 3, "batch_seed": 7})
-    trainer.model.load_state_dict(payload.arrays)
-    x, augmented, y = torch.tensor([[1.0, 2.0], [0.0, -1.0]]), torch.tensor([[2.0, 0.0], [1.0, 1.0]]), torch.tensor([0, 1])
-    loss = trainer.batch_loss(trainer.model, Batch(inputs=x, targets=y, views=(augmented,)), payload, {})
-
-    ce, ce_augmented = cross_entropy_by_hand(weight, bias, x, y), cross_entropy_by_hand(weight, bias, augmented, y)
-    g, g_augmented = head_gradient_by_hand(weight, bias, x, y), head_gradient_by_hand(weight, bias, augmented, y)
+    loss = client_batch_loss({})
+    classification, g, g_augmented, g_heads = hand_terms()
     intra = one_minus_cosine(g, g_augmented)
-    inter = sum(one_minus_cosine(g_augmented, head_gradient_by_hand(w, b, x, y)) for w, b in heads)
+    inter = sum(one_minus_cosine(g_augmented, g_j) for g_j in g_heads)
     assert abs(intra - inter) > 0.1  # so a swapped λ, or a mean over the heads, changes the loss
-    expected = 0.5 * float(ce + ce_augmented) + 0.3 * intra + 0.7 * inter
-    assert loss.item() == pytest.approx(expected, abs=1e-6)
-    assert loss.item() != pytest.approx(0.5 * float(ce + ce_augmented) + 0.7 * intra + 0.3 * inter, abs=1e-3)  # λ swapped
-    assert loss.item() != pytest.approx(0.5 * float(ce + ce_augmented) + 0.3 * intra + 0.7 * inter / 2, abs=1e-3)  # mean
+    assert loss == pytest.approx(classification + 0.3 * intra + 0.7 * inter, abs=1e-6)
+    assert loss != pytest.approx(classification + 0.7 * intra + 0.3 * inter, abs=1e-3)  # λ swapped
+    assert loss != pytest.approx(classification + 0.3 * intra + 0.7 * inter / 2, abs=1e-3)  # mean
+
+
+def test_the_authors_independent_intra_and_inter_weights_by_hand():
+    """``intra_weight``/``inter_weight`` (the authors' ``args.intra``, ``args.inter``) replace λ and
+    1 − λ, each independently; unset, the loss is λ's."""
+    classification, g, g_augmented, g_heads = hand_terms()
+    intra = one_minus_cosine(g, g_augmented)
+    inter = sum(one_minus_cosine(g_augmented, g_j) for g_j in g_heads)
+    assert client_batch_loss({"intra_weight": 0.7, "inter_weight": 0.0}) == pytest.approx(classification + 0.7 * intra, abs=1e-6)
+    assert client_batch_loss({"intra_weight": 1.0, "inter_weight": 2.0}) == pytest.approx(classification + intra + 2 * inter, abs=1e-6)
+    assert client_batch_loss({"inter_weight": 0.5}) == pytest.approx(classification + 0.3 * intra + 0.5 * inter, abs=1e-6)
+    assert client_batch_loss({"intra_weight": 0.3, "inter_weight": 0.7}) == client_batch_loss({})
+    assert get_algorithm("mcgdm").hyperparameters(matching_lambda=0.8).matching_weights == (0.8, pytest.approx(0.2))
+
+
+def per_parameter_discrepancy_by_hand(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The authors' 1 − sim of two flattened gradients of a 2x2 linear head (W row by row, then b):
+    the mean over W's two rows of their cosines, the cosine of the biases, 1 − each, averaged."""
+    rows = sum(1 - one_minus_cosine(a[2 * r:2 * r + 2], b[2 * r:2 * r + 2]) for r in range(2)) / 2
+    return ((1 - rows) + one_minus_cosine(a[4:], b[4:])) / 2
+
+
+def test_reading_authors_code_sets_the_four_readings_and_its_loss_by_hand():
+    """``reading: authors_code`` sets inter_reduction mean, per-parameter cosines, features
+    recomputed per head and uniform server weights where a run leaves them unset (a run's own value
+    wins; the paper's reading changes nothing), and the client's loss is then, by hand,
+    ½(CE + CE') + λ·(per-parameter 1 − sim(g, g')) + (1 − λ)·mean_j(per-parameter 1 − sim(g', g_j))."""
+    algorithm = get_algorithm("mcgdm")
+    authors = resolve_hyperparameters(algorithm, {"reading": "authors_code"})
+    assert (authors.inter_reduction, authors.gradient_cosine, authors.inter_features, authors.aggregation_weighting) == (
+        "mean", "per_parameter", "recomputed_per_head", "uniform")
+    assert authors.matching_weights == (0.3, 0.7)  # the coefficients stay the paper's λ
+    assert resolve_hyperparameters(algorithm, {"reading": "authors_code", "inter_reduction": "sum"}).inter_reduction == "sum"
+    paper = resolve_hyperparameters(algorithm, {"reading": "paper"})
+    assert paper.model_dump(exclude={"reading"}) == algorithm.hyperparameters().model_dump(exclude={"reading"})
+    classification, g, g_augmented, g_heads = hand_terms()
+    intra = per_parameter_discrepancy_by_hand(g, g_augmented)
+    inter = sum(per_parameter_discrepancy_by_hand(g_augmented, g_j) for g_j in g_heads) / len(g_heads)
+    assert client_batch_loss({"reading": "authors_code"}) == pytest.approx(classification + 0.3 * intra + 0.7 * inter, abs=1e-6)
+    assert client_batch_loss({"reading": "authors_code"}) != pytest.approx(client_batch_loss({}), abs=1e-3)
+    model = DomainClassifier(nn.Flatten(), nn.Linear(4, 3), 4)
+    strategy = algorithm.create_strategy(authors, AlgorithmContext(lambda: model, TrainingBudget(batch_size=4), seed=0))
+    assert strategy.aggregation_weighting == "uniform"
+
+
+class CountingScale(nn.Module):
+    """A featurizer returning its input times the number of times it has been called (1, 2, ...),
+    so each pass over the same batch gives different features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return inputs * self.calls
+
+
+def test_inter_features_recomputed_per_head_by_hand():
+    """``inter_features: recomputed_per_head`` (the authors' code) runs the featurizer on x again for
+    each previous head: F(x) = 1·x, F(A(x)) = 2·A(x), then head j sees (3 + j)·x. By hand:
+    L_inter = Σ_j (1 − cos(g'(2 A(x)), g_j((3 + j) x))); ``shared`` gives every head 1·x."""
+    def terms(inter_features: str) -> tuple[dict, int]:
+        model = DomainClassifier(CountingScale(), nn.Linear(2, 2), 2)
+        model.classifier.load_state_dict({"weight": HAND_WEIGHT, "bias": HAND_BIAS})
+        heads = [{"weight": w, "bias": b} for w, b in HAND_HEADS]
+        return matching_losses(model, HAND_X, HAND_AUGMENTED, HAND_Y, heads, inter_features=inter_features), model.featurizer.calls
+
+    g_augmented = head_gradient_by_hand(HAND_WEIGHT, HAND_BIAS, 2 * HAND_AUGMENTED, HAND_Y)
+    g = head_gradient_by_hand(HAND_WEIGHT, HAND_BIAS, HAND_X, HAND_Y)
+    recomputed = sum(one_minus_cosine(g_augmented, head_gradient_by_hand(w, b, (3 + j) * HAND_X, HAND_Y))
+                     for j, (w, b) in enumerate(HAND_HEADS))
+    shared = sum(one_minus_cosine(g_augmented, head_gradient_by_hand(w, b, HAND_X, HAND_Y)) for w, b in HAND_HEADS)
+    assert abs(recomputed - shared) > 1e-3
+    (per_head, per_head_calls), (once, once_calls) = terms("recomputed_per_head"), terms("shared")
+    assert (per_head_calls, once_calls) == (4, 2)
+    assert per_head["inter"].item() == pytest.approx(recomputed, abs=1e-6)
+    assert once["inter"].item() == pytest.approx(shared, abs=1e-6)
+    assert per_head["intra"].item() == pytest.approx(one_minus_cosine(g, g_augmented), abs=1e-6) == once["intra"].item()
+    with pytest.raises(ValueError, match="unknown inter_features 'twice'"):
+        terms("twice")
+
+
+def test_uniform_aggregation_weighting_by_hand():
+    """``aggregation_weighting: uniform`` (the authors' ``domain_weight`` 1/n) averages the clients'
+    models with equal weights; the default is Eq. 9's n_k / n. Client c replies the model + c with
+    n_c = 10 + c examples: uniform gives + (0 + 1 + 2) / 3 = 1, n_k gives + (0·10 + 1·11 + 2·12) / 33."""
+    for weighting, shift in (("uniform", 1.0), ("num_examples", 35 / 33)):
+        torch.manual_seed(0)
+        model = DomainClassifier(nn.Flatten(), nn.Linear(4, 3), 4)
+        start = {k: v.clone() for k, v in model.state_dict().items()}
+        strategy = MCGDMStrategy(aggregation_weighting=weighting)
+        strategy.initialize(model, [ClientInfo(c, 10 + c, (c,)) for c in range(3)])
+        assert strategy.client_weights(replies_with_heads(model, [0, 1, 2]), [0, 1, 2]) == (
+            [1.0, 1.0, 1.0] if weighting == "uniform" else [10, 11, 12])
+        strategy.aggregate(1, replies_with_heads(model, [0, 1, 2]))
+        for name, tensor in model.state_dict().items():
+            assert torch.allclose(tensor, start[name] + shift, atol=1e-6), (weighting, name)
+    assert get_algorithm("mcgdm").hyperparameters().aggregation_weighting == "num_examples"
 
 
 def replies_with_heads(model, clients):
