@@ -13,7 +13,9 @@ from torch import nn
 
 from fedbed.algorithms import get_algorithm
 from fedbed.algorithms.base.local_training import make_optimizer
+from fedbed.algorithms.base.model_aggregation import ClientModels
 from fedbed.algorithms.fedgala import (
+    AUTHORS_CODE,
     GlobalAlignmentAggregation,
     GlobalAlignmentStrategy,
     LocalAlignment,
@@ -113,6 +115,97 @@ def test_global_alignment_on_three_hand_made_vectors():
     assert torch.equal(kept, weights) and torch.allclose(fedavg, torch.tensor([2 / 3, 1 / 3], dtype=torch.float64))
     with pytest.raises(ValueError, match="weights must be"):
         global_gradient_alignment(updates, weights[:2])
+
+
+def test_compared_gradient_gradient_tests_plus_g_as_the_authors_code_does():
+    """``compared_gradient: gradient`` (utils.py ``client_update``): the cosine of +g with the reference decides,
+    so the step that undoes the global change is kept and the one along it dropped (the mirror of the test above)."""
+    reference = torch.tensor([[1.0, 0.0]])
+    undoing = one_weight_model()
+    hook = step_with_gradient(undoing, torch.tensor([1.0, 0.5]), reference, compared_gradient="gradient")
+    # cos(+g, ĝ) = 1 / √1.25 > 0: kept, and SGD moves the weight by −g.
+    assert torch.allclose(undoing.weight, torch.tensor([[-1.0, -0.5]])) and hook.metrics()["discard_ratio"] == 0.0
+    along = one_weight_model()
+    hook = step_with_gradient(along, torch.tensor([-1.0, 0.5]), reference, compared_gradient="gradient")
+    assert torch.equal(along.weight, torch.zeros(1, 2)) and hook.metrics()["discard_ratio"] == 1.0  # cos = −1/√1.25
+    # The authors' τ = −0.1 on +g keeps a slightly negative cosine: g = (−0.05, 1), cos = −0.05/√1.0025 ≈ −0.0499.
+    slight = one_weight_model()
+    step_with_gradient(slight, torch.tensor([-0.05, 1.0]), reference, compared_gradient="gradient", threshold=-0.1)
+    assert torch.allclose(slight.weight, torch.tensor([[0.05, -1.0]]))
+
+
+def test_per_parameter_scope_aligns_each_parameter_on_its_own():
+    """``global_alignment_scope: per_parameter`` (utils.py ``Aggregation_by_Alignment``): parameter a gets the
+    three-vector case of the test above, parameter b's updates (1, 1, −1) get weights (1, 1, 0)/2; the buffer is
+    FedAvg's average; the logged weights are the two weight vectors' mean."""
+    current = {"a": torch.zeros(2), "b": torch.zeros(1), "count": torch.zeros(1)}
+    shifts = [([1.0, 0.0], 1.0, 3.0), ([0.0, 1.0], 1.0, 6.0), ([1.0, 0.0], -1.0, 0.0)]
+    arrays = [{"a": torch.tensor(a), "b": torch.tensor([b]), "count": torch.tensor([c])} for a, b, c in shifts]
+
+    def aggregate(scope):
+        models = ClientModels(current, [0, 1, 2], arrays, [10] * 3, 1, torch.Generator(), frozenset({"a", "b"}))
+        return GlobalAlignmentAggregation(0, iterations=1, scope=scope).aggregate(models)
+
+    state, telemetry = aggregate("per_parameter")
+    high, low = (2 / math.sqrt(5) + 1) / 2, (1 / math.sqrt(5) + 1) / 2
+    w_a = torch.tensor([high, low, high], dtype=torch.float64) / (2 * high + low)
+    w_b = torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64)
+    assert torch.allclose(state["a"], torch.tensor([2 * w_a[0], w_a[1]]).float())
+    assert torch.allclose(state["b"], torch.tensor([1.0])) and torch.allclose(state["count"], torch.tensor([3.0]))
+    assert telemetry["weights"] == pytest.approx(((w_a + w_b) / 2).tolist())
+    whole, _ = aggregate("model")  # one vector per client: b's disagreement no longer zeroes client 3 on b
+    assert not torch.allclose(whole["b"], torch.tensor([1.0]))
+
+
+def test_size_and_alignment_consensus_follows_the_authors_abya():
+    """``consensus_weighting: size_and_alignment`` (utils.py ``AbyA`` on the updates times the clients' shares):
+    g1 = (1, 0), g2 = (0, 1), shares (3/4, 1/4). Iteration 1 is the paper's (both consensuses point along (3, 1));
+    iteration 2's consensus is w1·(3/4)·g1 + w2·(1/4)·g2 instead of w1·g1 + w2·g2; 0 iterations give 1/K."""
+    updates = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    shares = torch.tensor([0.75, 0.25], dtype=torch.float64)
+    c1, c2 = 3 / math.sqrt(10), 1 / math.sqrt(10)
+    w1 = torch.tensor([(c1 + 1) / 2, (c2 + 1) / 2], dtype=torch.float64)
+    w1 = w1 / w1.sum()
+    _, first = global_gradient_alignment(updates, shares, 1, "size_and_alignment")
+    assert torch.allclose(first, w1)
+    consensus = torch.stack([0.75 * w1[0], 0.25 * w1[1]])
+    cosines = consensus / consensus.norm()  # cos(g_k, c) = c_k / |c| for the unit vectors g_k
+    w2 = (cosines + 1) / 2
+    w2 = w2 / w2.sum()
+    aggregated, second = global_gradient_alignment(updates, shares, 2, "size_and_alignment")
+    assert torch.allclose(second, w2) and torch.allclose(aggregated, w2)  # the model moves by Σ w_k g_k
+    _, paper = global_gradient_alignment(updates, shares, 2)
+    assert not torch.allclose(paper, w2)
+    uniform, weights0 = global_gradient_alignment(updates, shares, 0, "size_and_alignment")
+    assert torch.allclose(weights0, torch.tensor([0.5, 0.5], dtype=torch.float64)) and torch.allclose(uniform, weights0)
+
+
+def test_uniform_weight_share_mixes_the_weights_with_one_over_k():
+    """``uniform_weight_share`` γ (utils.py ``AbyA``'s ``gamma``): w ← (1 − γ)·w + γ/K, the update Σ w_k g_k."""
+    updates = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    shares = torch.tensor([0.75, 0.25], dtype=torch.float64)
+    aggregated, weights = global_gradient_alignment(updates, shares, 0, uniform_weight_share=0.5)
+    assert torch.allclose(weights, torch.tensor([0.625, 0.375], dtype=torch.float64)) and torch.allclose(aggregated, weights)
+    _, aligned = global_gradient_alignment(updates, shares, 1)
+    _, mixed = global_gradient_alignment(updates, shares, 1, uniform_weight_share=0.2)
+    assert torch.allclose(mixed, 0.8 * aligned + 0.1)
+
+
+def test_reading_authors_code_sets_every_switch_not_given_and_reaches_the_server():
+    spec = get_algorithm("fedgala")
+    paper = spec.hyperparameters()
+    assert (paper.compared_gradient, paper.global_alignment_scope, paper.consensus_weighting, paper.alignment_threshold,
+            paper.uniform_weight_share) == ("step", "model", "alignment", 0.0, 0.0)
+    authors = spec.hyperparameters(reading="authors_code")
+    assert {name: getattr(authors, name) for name in AUTHORS_CODE} == AUTHORS_CODE
+    assert AUTHORS_CODE == {"compared_gradient": "gradient", "alignment_threshold": -0.1,
+                            "global_alignment_scope": "per_parameter", "consensus_weighting": "size_and_alignment"}
+    assert spec.hyperparameters(reading="authors_code", alignment_threshold=0.0).alignment_threshold == 0.0
+    context = type("Context", (), {"seed": 0})()
+    aggregation = spec.create_strategy(spec.hyperparameters(reading="authors_code", uniform_weight_share=0.25), context).aggregation
+    assert (aggregation.scope, aggregation.options, aggregation.iterations) == ("per_parameter", ("size_and_alignment", 0.25), 3)
+    without = spec.create_strategy(spec.hyperparameters(reading="authors_code", global_alignment=False), context).aggregation
+    assert (without.iterations, without.scope, without.options) == (0, "model", ("alignment", 0.0))  # FedAvg
 
 
 def replies_of(model, shifts):
