@@ -122,11 +122,11 @@ def assert_same_run(expected_dir, actual_dir, eval_size: int):
 # in-process run in tests/test_faults.py. FedADG, whose discriminator and random projection live
 # in the client state (the node's context.state on Flower), runs on both: on the simulation in
 # tests/test_faults.py, on a deployment whose sites each hold one domain in tests/test_spread_data.py.
-# A composed method (MCGDM's clients, FedOMG's server rule) on both Flower backends, and FedDG-GA,
-# whose clients keep their last local risk in the node's state, on the simulation.
-@pytest.mark.parametrize("algorithm, backends", [("mcgdm", ("flower-deployment",)),
+# MCGDM's clients run under FedOMG's server rule (a composed method, whose strategy is MCGDM's
+# with FedOMG's aggregation in its seam) on both Flower backends; FedDG-GA, whose clients keep
+# their last local risk in the node's state, on the simulation.
+@pytest.mark.parametrize("algorithm, backends", [("mcgdm+fedomg", ("flower-sim", "flower-deployment")),
                                                  ("hfedf", ("flower-deployment",)),
-                                                 ("mcgdm+fedomg", ("flower-sim", "flower-deployment")),
                                                  ("fedprox+feddg_ga", ("flower-sim",))])
 def test_same_results_in_process_and_on_flower(tmp_path, algorithm, backends, no_orphans, monkeypatch, capfd):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -134,8 +134,7 @@ def test_same_results_in_process_and_on_flower(tmp_path, algorithm, backends, no
     torch.set_num_threads(1)
     # Evaluated after round 2 only: one evaluate message per site instead of two, and still
     # rounds of training on each side of it.
-    hp = {"mcgdm": {"include_own_head": False, "client_lr": 0.01},
-          "mcgdm+fedomg": {"include_own_head": False, "client_lr": 0.01}}.get(algorithm, {})
+    hp = {"mcgdm+fedomg": {"include_own_head": False, "client_lr": 0.01}}.get(algorithm, {})
     # hFedF's sites score their own id holdouts, each with its own personalised model
     # (@app.evaluate); MCGDM's global model is scored on the server, as in-process: one message
     # round fewer (every message starts a ClientApp process on its SuperNode).
