@@ -85,7 +85,7 @@ def test_fedavg_on_either_side_equals_the_plain_method_bit_for_bit(tmp_path, com
     torch.set_num_threads(1)
     try:
         for name in (composed, plain):
-            run_experiment(ExperimentConfig(algorithm=name, model="lenet", rounds=3, local_steps=2, batch_size=16,
+            run_experiment(ExperimentConfig(algorithm=name, model="lenet", rounds=2, local_steps=2, batch_size=16,
                                             run_dir=tmp_path / name), **QUIET)
     finally:
         torch.set_num_threads(threads)

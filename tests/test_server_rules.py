@@ -91,7 +91,7 @@ def test_a_client_reports_the_gap_between_the_global_model_and_its_previous_mode
 
 def test_feddg_ga_resumes_its_weights_exactly(tmp_path, monkeypatch):
     straight, resumed, logs = run_straight_and_resumed(tmp_path, monkeypatch, SupervisedTrainer, algorithm="feddg_ga",
-                                                       model="lenet", rounds=4, local_steps=2, batch_size=16)
+                                                       model="lenet", rounds=3, local_steps=1, batch_size=16)
     assert logs["straight"] == logs["resumed"]
     assert straight["selection"] == resumed["selection"]
 
