@@ -123,8 +123,8 @@ def arrays_of(r, offset=0):
             "num_batches_tracked": torch.tensor(r)}
 
 
-def swa_strategy(hparams):
-    strategy = SWAStrategy(0, hparams)
+def swa_strategy(hparams, rounds=20):
+    strategy = SWAStrategy(0, hparams, rounds)
     torch.manual_seed(0)
     strategy.initialize(nn.BatchNorm1d(2), [ClientInfo(0, 1, (0,)), ClientInfo(1, 1, (1,))])
     return strategy
@@ -154,13 +154,13 @@ def test_swa_averages_every_cycles_global_model_from_three_quarters_of_the_run()
 
 def test_swa_resumes_from_its_state_exactly_and_rolls_back_to_before_it_started():
     hparams = FedSAMHyperparameters(swa=True, swa_cycle_rounds=3, swa_start_round=4)
-    straight = swa_strategy(hparams)
+    straight = swa_strategy(hparams, 12)
     play(straight, 1, 2, 12, arrays_of)
     before_swa = copy.deepcopy(straight.state_dict())
     play(straight, 3, 8, 12, arrays_of)
     saved = copy.deepcopy(straight.state_dict())
     rest = play(straight, 9, 12, 12, arrays_of)
-    resumed = swa_strategy(hparams)
+    resumed = swa_strategy(hparams, 12)
     resumed.load_state_dict(saved)
     assert play(resumed, 9, 12, 12, arrays_of) == rest
     assert resumed.averaged == straight.averaged == 2  # after rounds 7 and 10 (r > 4, (r − 4) mod 3 = 0)

@@ -43,4 +43,4 @@ class Central(FedAvg):
     summary = "Central / DeepAll: all source data pooled, the non-federated reference."
     pooled = True
     server_rule = False
-    accepts_server_rule = False  # one pooled client: nothing to combine
+    server_rule_refusal = "pools every source domain on one client: there is nothing to combine"

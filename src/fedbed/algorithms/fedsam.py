@@ -154,7 +154,7 @@ def swa_start_round(hparams: FedSAMHyperparameters, rounds: int | None) -> int:
     if hparams.swa_start_round is not None:
         return hparams.swa_start_round
     if rounds is None:
-        raise ValueError("SWA starts at 3/4 of the run: the payload's config must carry the run's 'rounds'")
+        raise ValueError("SWA starts at 3/4 of the run: the run's number of 'rounds' is needed (a payload's config, the context)")
     return int(0.75 * int(rounds)) + 1
 
 
@@ -233,21 +233,16 @@ class SWAStrategy(FedAvgStrategy):
         averaged: n, the global models averaged into it so far.
     """
 
-    def __init__(self, seed: int, hparams: FedSAMHyperparameters, aggregation: ModelAggregation | None = None) -> None:
+    def __init__(self, seed: int, hparams: FedSAMHyperparameters, rounds: int | None,
+                 aggregation: ModelAggregation | None = None) -> None:
         super().__init__(seed, aggregation)
         self.hparams = hparams
+        self.rounds = rounds
         self.average: nn.Module | None = None
         self.averaged = 0
-        self._sent: Mapping[str, Any] = {}
-
-    def configure_round(self, round_number: int, selected: list[int]) -> dict[int, Payload]:
-        payloads = super().configure_round(round_number, selected)
-        # The engine writes the run's "rounds" into this config before the round is aggregated.
-        self._sent = payloads[selected[0]].config if selected else {}
-        return payloads
 
     def aggregate(self, round_number: int, replies: dict[int, Reply]) -> RoundSummary:
-        start = swa_start_round(self.hparams, self._sent.get("rounds"))
+        start = swa_start_round(self.hparams, self.rounds)
         if self.average is None and round_number >= start:
             self.average = copy.deepcopy(self.model)  # the global model at the start of round S
         summary = super().aggregate(round_number, replies)
@@ -289,7 +284,7 @@ class FedSAM(FedAvg):
     precisions = ("fp32", "bf16")  # fp16's gradient scaler would have to see the second backward
 
     def create_strategy(self, hparams: FedSAMHyperparameters, context: AlgorithmContext) -> ServerStrategy:
-        return SWAStrategy(context.seed, hparams) if hparams.swa else FedAvgStrategy(context.seed)
+        return SWAStrategy(context.seed, hparams, context.rounds) if hparams.swa else FedAvgStrategy(context.seed)
 
 
 @register_algorithm

@@ -244,7 +244,7 @@ class HFedF(SupervisedAlgorithm):
 
     name = "hfedf"
     secure_aggregation_compatible = False  # the server needs each client's own update or model
-    accepts_server_rule = False  # its server generates each client's weights: there is no average to replace
+    server_rule_refusal = "generates each client's weights on its server: there is no average for a rule to replace"
     summary = ("hFedF (Bartholet et al. 2024; hfedf.txt): server hypernetwork generates each client's weights; "
                "GradAlign + Adam + EMA on the server.")
     hyperparameters = HFedFHyperparameters

@@ -61,7 +61,7 @@ class LocalOnly(SupervisedAlgorithm):
 
     name = "local"
     secure_aggregation_compatible = False  # the server needs each client's own update or model
-    accepts_server_rule = False  # no global model: nothing is combined
+    server_rule_refusal = "has no global model to combine"
     summary = "Local-only: each client trains alone; reports the mean over the client models."
     hyperparameters = LocalTrainingHyperparameters
     dataset_defaults = FedAvg.dataset_defaults  # hfedf.txt App. C.8.2: Local takes FedAvg's values

@@ -109,16 +109,16 @@ def collapse_of(evaluations: list[dict[str, Any]], share: float = COLLAPSE_SHARE
         ``{"round": the first such evaluation's round, "class": its class index, "share": its
         share, "evaluations": how many evaluations in all met the condition}``, or ``None``.
     """
-    streak: list[dict[str, Any]] = []
-    found = None
-    met = 0
-    for evaluation in evaluations:
+    found, streak_start, met = None, None, 0
+    for index, evaluation in enumerate(evaluations):
         pooled = (evaluation.get("top_class") or {}).get("id")
-        hit = pooled is not None and pooled[1] >= share
-        met += hit
-        streak = streak + [evaluation] if hit else []
-        if found is None and len(streak) >= in_a_row:
-            first = streak[0]
+        if pooled is None or pooled[1] < share:
+            streak_start = None
+            continue
+        met += 1
+        streak_start = index if streak_start is None else streak_start
+        if found is None and index - streak_start + 1 >= in_a_row:
+            first = evaluations[streak_start]
             found = {"round": first["round"], "class": first["top_class"]["id"][0], "share": first["top_class"]["id"][1]}
     return None if found is None else {**found, "evaluations": met}
 

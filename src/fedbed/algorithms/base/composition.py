@@ -55,11 +55,8 @@ def composition_refusal(client: Algorithm, server: Algorithm) -> str | None:
     pair = f"{client.name}{SEPARATOR}{server.name}"
     if not server.server_rule:
         return f"{pair}: {server.name} is not a server rule; the server rules are {', '.join(server_rules())}"
-    if not client.accepts_server_rule:
-        why = ("pools every source domain on one client: there is nothing to combine" if client.pooled else
-               "has no global model to combine" if client.name == "local" else
-               "generates each client's weights on its server: there is no average for a rule to replace")
-        return f"{pair}: {client.name} {why}"
+    if client.server_rule_refusal is not None:
+        return f"{pair}: {client.name} {client.server_rule_refusal}"
     if client.server_rule and client.name != "fedavg":
         return (f"{pair}: {client.name} is itself a server rule on FedAvg's clients; write "
                 f"fedavg{SEPARATOR}{server.name}, or {client.name} alone")
@@ -114,7 +111,7 @@ class ComposedAlgorithm(Algorithm):
         self.secure_aggregation_compatible = (client.secure_aggregation_compatible if server.name == "fedavg"
                                               else server.secure_aggregation_compatible)
         self.server_rule = False
-        self.accepts_server_rule = False
+        self.server_rule_refusal = "is already a composed method"
 
     def sides(self, hparams: Any) -> tuple[Hyperparameters, Hyperparameters]:
         """The client method's and the rule's hyperparameters out of the composed ones."""
@@ -133,7 +130,7 @@ class ComposedAlgorithm(Algorithm):
     def create_strategy(self, hparams: Any, context: AlgorithmContext) -> ServerStrategy:
         client, server = self.sides(hparams)
         strategy = self.client.create_strategy(client, context)
-        if not isinstance(strategy, FedAvgStrategy):  # accepts_server_rule promised the seam
+        if not isinstance(strategy, FedAvgStrategy):  # no server_rule_refusal promised the seam
             raise AlgorithmError(f"{self.client.name}'s server has no averaging seam for {self.server.name}'s rule")
         strategy.aggregation = self.server.create_aggregation(server, context)
         return strategy

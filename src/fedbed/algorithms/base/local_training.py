@@ -400,13 +400,15 @@ class LocalTrainer(ClientTrainer):
         generator = torch.Generator().manual_seed(int(payload.config["batch_seed"]))
         hparams = self.round_hyperparameters(payload)
         self._logged = {}
-        reported = gap_of_received_model(model, data, self.task, working) if gap_requested(payload) else {}
+        reporting_gap = gap_requested(payload)
+        reported = gap_of_received_model(model, data, self.task, working) if reporting_gap else {}
         self.begin_round(model, payload, working)
         loss = self.train_round(model, self.training_data(data), hparams, generator, payload, working)
         self.end_round(model, working)
-        if gap_requested(payload):
+        if reporting_gap:
             remember_local_risk(model, data, self.task, working)
-        metrics = {"loss": loss, **reported} if hparams is self.hparams else {"loss": loss, "lr": hparams.client_lr, **reported}
+        metrics = {"loss": loss} if hparams is self.hparams else {"loss": loss, "lr": hparams.client_lr}
+        metrics.update(reported)
         metrics.update({name: sum(values) / len(values) for name, values in self._logged.items()})
         metrics.update(self.round_metrics(working))
         state.clear()

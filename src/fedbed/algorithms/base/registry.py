@@ -113,12 +113,12 @@ class Algorithm(ABC):
         server_rule: the method is a rule for combining FedAvg's clients on the server (FedAvg's
             average itself, PPDG, PCGrad, FedGMA, FedDG-GA, FedOMG): :meth:`create_aggregation`
             returns it, and a run may name it as its ``server`` beside another method's clients.
-        accepts_server_rule: the method's server averages through
+        server_rule_refusal: ``None`` when the method's server averages through
             :class:`~fedbed.algorithms.base.model_aggregation.FedAvgStrategy`'s seam, which a
             run's ``server`` rule replaces while the method's clients, and what its server sends
-            them, stay its own (``False`` for hFedF and pFedHN, whose server generates each
-            client's weights, for Local-only, which has no global model, and for Central's one
-            pooled client).
+            them, stay its own; otherwise why it cannot (hFedF and pFedHN: their server
+            generates each client's weights; Local-only: no global model; Central: one pooled
+            client), completing "<method> ...".
         needs_supervised_clients: the method's server rule reads the loss of each client's
             classifier on its data (FedDG-GA's generalization gap), so clients that train a
             label-free representation are refused beside it.
@@ -135,7 +135,7 @@ class Algorithm(ABC):
     secure_aggregation_compatible: ClassVar[bool] = True
     precisions: ClassVar[tuple[str, ...]] = PRECISIONS
     server_rule: ClassVar[bool] = False
-    accepts_server_rule: ClassVar[bool] = True
+    server_rule_refusal: ClassVar[str | None] = None
     needs_supervised_clients: ClassVar[bool] = False
 
     def wrap_model(self, model: DomainClassifier, hparams: Any) -> DomainClassifier:
