@@ -68,3 +68,32 @@ def test_a_warm_started_run_resumes_bit_for_bit(source, tmp_path, monkeypatch):
                                                        rounds=4, init_from=source, **SMALL)
     assert logs["straight"] == logs["resumed"]
     assert straight["selection"] == resumed["selection"] and straight["init_from"] == resumed["init_from"]
+
+
+def test_a_sweep_starts_each_job_from_the_other_sweeps_run_of_its_own_target(tmp_path):
+    from fedbed.sweep import SweepSpec, expand, run_sweep
+
+    base = dict(dataset="RotatedMNIST", rounds=1, **SMALL)
+    inits = SweepSpec(name="inits", base=base, algorithms=["fedavg", "fedprox"], targets=["0", "15"], seeds=[0])
+    run_sweep(inits, tmp_path / "inits", progress=False)
+    by_target = {job.target: job.run_dir for job in expand(inits, tmp_path / "inits") if job.algorithm == "fedavg"}
+    warm = SweepSpec(name="warm", base=base, algorithms=["fedprox"], targets=["0", "15"], seeds=[0],
+                     variants={"from_fedavg": {"init_from": {"sweep": str(tmp_path / "inits"), "algorithm": "fedavg"}}})
+    jobs = expand(warm, tmp_path / "warm")
+    assert {job.target: job.init_from for job in jobs} == by_target
+    outcome = run_sweep(warm, tmp_path / "warm", progress=False)
+    assert outcome["failed"] == {} and outcome["ran"] == 2
+    for job in jobs:
+        summary = json.loads((job.run_dir / "summary.json").read_text())
+        assert summary["init_from"]["run"] == str(by_target[job.target].resolve())
+    # Another seed has no initial model in that sweep; a folder without a sweep record is no sweep.
+    with pytest.raises(ConfigError, match="has 0 runs of fedavg for target 0, seed 1"):
+        expand(warm.model_copy(update={"seeds": [1]}), tmp_path / "warm")
+    assert len(expand(warm.model_copy(update={"seeds": [1], "variants": {"from_fedavg": {"init_from": {
+        "sweep": str(tmp_path / "inits"), "algorithm": "fedavg", "seed": 0}}}}), tmp_path / "warm")) == 2
+    with pytest.raises(ConfigError, match="holds no sweep.yaml; run the sweep"):
+        expand(warm.model_copy(update={"variants": {"v": {"init_from": {"sweep": str(tmp_path), "algorithm": "fedavg"}}}}),
+               tmp_path / "warm")
+    with pytest.raises(ConfigError, match="init_from.round: Extra inputs"):
+        expand(warm.model_copy(update={"variants": {"v": {"init_from": {"sweep": str(tmp_path), "algorithm": "fedavg",
+                                                                         "round": 3}}}}), tmp_path / "warm")

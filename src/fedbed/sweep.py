@@ -21,6 +21,11 @@ A sweep file (YAML)::
 A variant may be limited to some of the sweep's algorithms (``only_algorithms``) and targets
 (``only_targets``), e.g. an ablation of one method on one target beside a full comparison.
 
+Warm starts from another sweep's models: ``init_from: {sweep: FOLDER, algorithm: NAME}`` in
+``base`` or a variant starts each job from that sweep's run of ``NAME`` with the job's own target
+and seed (:func:`init_run_of`); the job's ``init_from`` is that run's folder, so it is part of the
+job's identity.
+
 Like DomainBed's sweep, a finished job has a ``done`` marker and is skipped when the sweep is
 run again; an unfinished one resumes from its checkpoint.
 
@@ -185,6 +190,7 @@ def expand(spec: SweepSpec, sweep_dir: Path, data_root: Path | str | None = None
     jobs = []
     variants = list(spec.variants.items()) or [(None, {})]
     made_by: dict[str, str] = {}
+    expanded: dict[Path, list[ExperimentConfig]] = {}
     for seed, target, algorithm, (name, variant) in itertools.product(spec.seeds, targets, spec.algorithms, variants):
         if algorithm not in variant.get("only_algorithms", [algorithm]) or target not in variant.get("only_targets", [target]):
             continue
@@ -194,8 +200,11 @@ def expand(spec: SweepSpec, sweep_dir: Path, data_root: Path | str | None = None
         for values in itertools.product(*(grid[key] for key in names)):
             hp = {**spec.base.get("hp", {}), **variant.get("hp", {}), **dict(zip(names, values))}
             settings = override_settings(spec.base, variant)
+            if isinstance(settings.get("init_from"), dict):
+                settings["init_from"] = str(init_run_of(settings["init_from"], target, seed, spec.base.get("data_root"), expanded))
             config = config_from_mapping({**settings, "algorithm": algorithm, "target": target, "seed": seed, "hp": hp})
-            resolved = validate(config)
+            # The warm start's checkpoint is checked when the job runs (it may be made by a sweep still running).
+            resolved = validate(config.model_copy(update={"init_from": None}))
             # Two variants (or grid values) that resolve to the same run would share a folder or
             # be told apart only by how they were spelled: refused.
             computed = json.dumps({**config.model_dump(mode="json", exclude=set(PLACEMENT_SETTINGS) | {"hp"}),
@@ -207,6 +216,51 @@ def expand(spec: SweepSpec, sweep_dir: Path, data_root: Path | str | None = None
             made_by[computed] = f"{this} ({dict(zip(names, values)) or 'no grid value'})"
             jobs.append(config.model_copy(update={"run_dir": sweep_dir / config_hash(config)}))
     return jobs
+
+
+class InitFromSweep(BaseModel):
+    """A sweep job's warm start named by another sweep (``init_from: {sweep: DIR, algorithm: NAME}``
+    in ``base`` or a variant): each job starts from that sweep's run of ``algorithm`` with the job's
+    own target (never another target's model: it would have trained on this job's target domain)
+    and the job's seed, or ``seed`` when given (one initial model for every seed)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sweep: Path
+    algorithm: str
+    seed: int | None = Field(None, ge=0)
+
+
+def init_run_of(mapping: dict[str, Any], target: str, seed: int, data_root: Path | str | None,
+                expanded: dict[Path, list[ExperimentConfig]]) -> Path:
+    """The run folder a warm-started sweep job starts from (:class:`InitFromSweep`): the job of the
+    sweep recorded in ``mapping["sweep"]`` (its ``sweep.yaml``, so the folder is known before that
+    sweep has finished) with ``mapping["algorithm"]``, ``target`` and the seed; ``expanded`` caches
+    each such sweep's jobs.
+
+    Raises:
+        ConfigError: an invalid mapping, no sweep record in the folder (run that sweep first), or not
+            exactly one matching job there.
+    """
+    try:
+        source = InitFromSweep(**mapping)
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise ConfigError(f"init_from.{'.'.join(str(p) for p in first['loc'])}: {first['msg']} (give "
+                          "{sweep: FOLDER, algorithm: NAME} and optionally seed)") from None
+    if source.sweep not in expanded:
+        record = source.sweep / SWEEP_RECORD
+        if not record.is_file():
+            raise ConfigError(f"init_from: {source.sweep} holds no {SWEEP_RECORD}; run the sweep that makes the initial "
+                              "models into that folder first")
+        expanded[source.sweep] = expand(load_sweep_file(record), source.sweep, data_root)
+    wanted = seed if source.seed is None else source.seed
+    matches = [job.run_dir for job in expanded[source.sweep]
+               if (job.algorithm, job.target, job.seed) == (source.algorithm, target, wanted)]
+    if len(matches) != 1:
+        raise ConfigError(f"init_from: {source.sweep} has {len(matches)} runs of {source.algorithm} for target {target}, "
+                          f"seed {wanted}; it must have exactly one")
+    return matches[0]
 
 
 def finished_on_other_data(jobs: list[ExperimentConfig]) -> list[str]:
