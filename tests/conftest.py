@@ -99,6 +99,12 @@ SLOW_TESTS = {
     "tests/test_data.py::test_embedded_mnist_sample_equals_mlxtends_own_parse",
     "tests/test_data.py::test_shared_mnist_gives_the_full_dataset",
     "tests/test_data.py::test_a_model_for_another_input_size_reads_the_packed_file_resized",
+    # experiment trackers: a tiny run tracked by each tool and read back, one failing, exports (the tools' imports)
+    "tests/test_tracking.py::test_tensorboard_logs_a_live_run_a_resumption_and_an_export_alike",
+    "tests/test_tracking.py::test_mlflow_logs_a_live_run_into_its_tracking_uri",
+    "tests/test_tracking.py::test_wandb_logs_a_live_run_offline",
+    "tests/test_tracking.py::test_a_tracker_failing_mid_run_is_told_once_and_the_run_goes_on",
+    "tests/test_tracking.py::test_export_replays_every_finished_run_of_a_sweep_folder",
 }
 
 

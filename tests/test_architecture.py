@@ -17,7 +17,7 @@ LAYERS = [
     {"fedbed.data", "fedbed.models"},
     {"fedbed.federation"},
     {"fedbed.algorithms"},
-    {"fedbed.config", "fedbed.build", "fedbed.experiment", "fedbed.provenance", "fedbed.run_result"},
+    {"fedbed.config", "fedbed.build", "fedbed.experiment", "fedbed.provenance", "fedbed.run_result", "fedbed.tracking"},
     {"fedbed.backends", "fedbed.flower"},
     {"fedbed.sweep", "fedbed.results", "fedbed.reporting", "fedbed.plots"},
     {"fedbed.cli", "fedbed.__main__", "fedbed.doc_tables"},

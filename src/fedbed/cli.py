@@ -102,6 +102,10 @@ def run(
         help="fp32, or bf16 / fp16 mixed precision of the clients' training (aggregation stays fp32).")] = None,
     deterministic: Annotated[Optional[bool], typer.Option(
         "--deterministic/--nondeterministic", help="torch's deterministic algorithms (README, Running on a GPU).")] = None,
+    tracker: Annotated[Optional[str], typer.Option(
+        help="Also log the run to an experiment tracker: tensorboard, mlflow or wandb (README, Experiment trackers).")] = None,
+    tracker_uri: Annotated[Optional[str], typer.Option(
+        help="MLflow's tracking URI (default: $MLFLOW_TRACKING_URI, else MLflow's own).")] = None,
 ) -> None:
     """Train one method across clients and evaluate it on the unseen target domain.
 
@@ -134,6 +138,8 @@ def run(
             "device": device,
             "precision": precision,
             "deterministic": deterministic,
+            "tracker": tracker,
+            "tracker_uri": tracker_uri,
         }
         values = override_settings(values, {k: v for k, v in flags.items() if v is not None})
         if server is not None:
@@ -329,6 +335,41 @@ def sweep(
         typer.echo(f"failed: {run_dir}: {error.splitlines()[0]}", err=True)
     if outcome["failed"]:
         raise typer.Exit(1)
+
+
+@app.command()
+def export(
+    folder: Annotated[Path, typer.Argument(
+        help="A finished run's folder, or a folder of runs (a sweep folder): every finished run below it.")],
+    to: Annotated[str, typer.Option("--to", help="The tracker: tensorboard (into each run folder's tensorboard/), "
+                                               "mlflow or wandb.")],
+    tracker_uri: Annotated[Optional[str], typer.Option(
+        help="MLflow's tracking URI (default: $MLFLOW_TRACKING_URI, else MLflow's own).")] = None,
+) -> None:
+    """Send finished runs' records (config.yaml, rounds.jsonl, summary.json, provenance, plots/) to an experiment
+    tracker, as a run with `--tracker` sends them live."""
+    from fedbed.results import finished_runs
+    from fedbed.run_directory import SUMMARY_NAME
+    from fedbed.tracking import TRACKERS, TrackingError, export_run, tracker_refusal
+
+    if to not in TRACKERS:
+        fail(f"unknown tracker {to!r}; choose one of {', '.join(TRACKERS)}")
+    refusal = tracker_refusal(to, tracker_uri)
+    if refusal is not None:
+        fail(refusal)
+    if not folder.is_dir():
+        fail(f"{folder} is not a folder; give a run folder or a sweep folder")
+    runs = [folder] if (folder / SUMMARY_NAME).is_file() else [run.path for run in finished_runs(folder)]
+    if not runs:
+        fail(f"{folder} holds no finished run ({SUMMARY_NAME} neither there nor below it)")
+    for run_dir in runs:
+        try:
+            identity = export_run(run_dir, to, tracker_uri)
+        except TrackingError as error:
+            typer.echo(f"error: {run_dir}: {error}", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"exported {run_dir}: {identity.name} (experiment {identity.experiment})")
+    typer.echo(f"{len(runs)} run(s) exported to {to}")
 
 
 @app.command()

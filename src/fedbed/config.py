@@ -55,6 +55,7 @@ from fedbed.federation.sampling import clients_per_round
 from fedbed.models import model_refusal
 from fedbed.models.backbones import PRETRAINED_SOURCES
 from fedbed.run_directory import CHECKPOINT_NAME
+from fedbed.tracking import TRACKERS, tracker_refusal
 
 PROTOCOLS = ("domain_generalization", "domain_adaptation")
 """What the target domain gives the run: nothing but its test samples, or also unlabelled images."""
@@ -208,6 +209,12 @@ class ExperimentConfig(BaseModel):
             ``non_finite``, ``wrong_shape``, ``wrong_dtype``, ``missing_array``, ``norm_1e6``
             inject faults). Unset: every client is honest.
         attacking_clients: how many clients (ids 0, 1, ...) ``attack`` makes misbehave (unset: 1).
+        tracker: ``tensorboard``, ``mlflow`` or ``wandb``: also send the run's settings, rounds,
+            summary and plots to that experiment tracker as it runs (:mod:`fedbed.tracking`; each
+            tool is an extra: ``pip install 'fedbed[mlflow]'``). Where the run's records also go,
+            not what it computes: a placement setting. Unset: none.
+        tracker_uri: MLflow's tracking URI (``tracker: mlflow`` only); unset: ``MLFLOW_TRACKING_URI``,
+            else MLflow's default (``sqlite:///mlflow.db`` in the working directory).
         hp: algorithm hyperparameters by name (validated by the algorithm).
         run_dir: output folder (default ``runs/<dataset>/<algorithm>/<target>/seed<seed>``).
 
@@ -267,6 +274,8 @@ class ExperimentConfig(BaseModel):
     differential_privacy: DifferentialPrivacy | None = None
     attack: Literal[FAULTS] | None = None
     attacking_clients: int | None = Field(None, gt=0)
+    tracker: Literal[TRACKERS] | None = None
+    tracker_uri: str | None = None
     hp: dict[str, Any] = Field(default_factory=dict)
     run_dir: Path | None = None
 
@@ -588,6 +597,9 @@ def validate(config: ExperimentConfig) -> ValidatedConfig:
     refusal = device_refusal(config.device)
     if refusal is not None:
         raise ConfigError(refusal)
+    refusal = tracker_refusal(config.tracker, config.tracker_uri)
+    if refusal is not None:
+        raise ConfigError(refusal)
     if config.precision is not None and config.precision not in algorithm.precisions:
         raise ConfigError(f"{algorithm.name} trains in {' or '.join(algorithm.precisions)} only, not {config.precision}")
     if config.init_from is not None and not (config.init_from / CHECKPOINT_NAME).is_file():
@@ -722,8 +734,10 @@ def check_server_options(config: ExperimentConfig, algorithm: Algorithm, clients
         raise ConfigError(f"attacking_clients is {config.attacking_clients}, but the run has {clients} client(s)")
 
 
-PLACEMENT_SETTINGS = frozenset({"data_root", "run_dir", "id_evaluation", "device", "client_resources"})
-"""Settings that say where a run reads its data, writes its files, scores its id holdouts and
+PLACEMENT_SETTINGS = frozenset({"data_root", "run_dir", "id_evaluation", "device", "client_resources", "tracker",
+                                "tracker_uri"})
+"""Settings that say where a run reads its data, writes its files (and, with ``tracker``, also sends
+its records), scores its id holdouts and
 computes (``device``), not what it computes (site-side and server-side id scores are the same sums,
 :mod:`fedbed.federation.client_evaluation`; in another process with another thread count a
 sample on a decision boundary may flip; another device changes the last bits likewise): left out of a sweep job's hash

@@ -39,7 +39,7 @@ from fedbed.federation.evaluation import COLLAPSE_EVALUATIONS, COLLAPSE_SHARE, S
 from fedbed.federation.run_log import fault_summary
 from fedbed.federation.transport import InProcessClients
 from fedbed.jsonlog import to_json
-from fedbed.provenance import read_starts, record_start
+from fedbed.provenance import read_starts, record_start, run_sources
 from fedbed.run_directory import (
     CHECKPOINT_NAME,
     CONFIG_NAME,
@@ -47,7 +47,8 @@ from fedbed.run_directory import (
     LOG_NAME,
     SUMMARY_NAME,
 )
-from fedbed.run_result import RunResult, load_run
+from fedbed.run_result import RunResult, load_run, read_log
+from fedbed.tracking import live_tracking, run_identity
 
 __all__ = [
     "BuiltRun",
@@ -284,6 +285,7 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
            f"({config.init_from})")
     )
     starts: list[dict[str, Any]] = []
+    tracking = live_tracking(config.tracker, run_dir, config.tracker_uri, echo)
 
     def note_start(completed_rounds: int) -> None:
         # A resumption with no round left to run trains nothing: no new start is recorded.
@@ -291,19 +293,27 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
         starts.extend(read_starts(run_dir) if done else record_start(
             run_dir, completed_rounds, dataset.fingerprint, built.context.device,
             None if built.warm_start is None else built.warm_start[1]))
+        # The tracked run begins with the rounds a resumed run's log already holds.
+        tracking.begin(run_identity(run_dir, resolved, dataset.fingerprint, "+".join(run_sources({"provenance": starts}))),
+                       resolved, read_log(run_dir) if completed_rounds else [])
 
     began = time.perf_counter()
-    evaluations = run_rounds(
-        federation,
-        rounds=config.rounds,
-        seed=config.seed,
-        participation_fraction=config.participation_fraction,
-        eval_every=config.eval_every,
-        run_dir=run_dir,
-        resume=resume,
-        progress=progress,
-        on_start=note_start,
-    )
+    try:
+        evaluations = run_rounds(
+            federation,
+            rounds=config.rounds,
+            seed=config.seed,
+            participation_fraction=config.participation_fraction,
+            eval_every=config.eval_every,
+            run_dir=run_dir,
+            resume=resume,
+            progress=progress,
+            on_start=note_start,
+            on_round=tracking.log_round,
+        )
+    except BaseException:  # a failed or stopped run: its tracked run is closed as failed
+        tracking.fail()
+        raise
     summary = {
         "dataset": dataset.name,
         "dataset_path": config.dataset_path(),
@@ -344,4 +354,5 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
              f"{collapse['share']:.0%} of the source holdouts ({collapse['evaluations']} evaluations at "
              f"{COLLAPSE_SHARE:.0%} or more, {COLLAPSE_EVALUATIONS} in a row); summary.json 'collapse'")
     (run_dir / SUMMARY_NAME).write_text(to_json(summary, indent=2))
+    tracking.finish(summary, run_dir)
     return summary

@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from fedbed.run_directory import LOG_NAME  # noqa: E402
+from fedbed.run_directory import LOG_NAME, PLOTS_FOLDER  # noqa: E402
 
 if TYPE_CHECKING:
     from fedbed.results import FinishedRun
@@ -72,7 +72,7 @@ def plot_alignment(run_dir: Path, max_heatmaps: int = 16) -> list[Path]:
     records = [r for r in read_rounds(run_dir) if r.get("alignment")]
     if not records:
         raise PlotError(f"{run_dir / LOG_NAME} has no alignment telemetry (no client update was comparable)")
-    out = run_dir / "plots"
+    out = run_dir / PLOTS_FOLDER
     (out / "cosine").mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
 
@@ -268,7 +268,7 @@ def plot_sweep(sweep_dirs: Path | Sequence[Path], selection: str = "train_domain
     folders = as_folders(sweep_dirs)
     if out is None and len(folders) != 1:
         raise ValueError("the plots of several sweep folders need a folder to go to (out)")
-    out = out if out is not None else folders[0] / "plots"
+    out = out if out is not None else folders[0] / PLOTS_FOLDER
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     runs = scored_runs(folders, selection) if runs is None else runs
@@ -420,7 +420,7 @@ def plot_features(run_dir: Path, per_domain: int = 100, seed: int = 0, data_root
     axis.set_title(f"{built.algorithm.name}, target {built.config.target}: t-SNE of features after round {checkpoint_round}")
     axis.set_xticks([])
     axis.set_yticks([])
-    out = run_dir / "plots"
+    out = run_dir / PLOTS_FOLDER
     out.mkdir(parents=True, exist_ok=True)
     path = out / "features_tsne.png"
     figure.savefig(path, dpi=100, bbox_inches="tight")

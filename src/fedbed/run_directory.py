@@ -8,7 +8,10 @@ A run folder (``runs/<dataset>/<algorithm>/<target>/seed<seed>`` or a sweep's ``
 - :data:`PROVENANCE_NAME`: one JSON line per start and resumption (the code that ran);
 - :data:`SUMMARY_NAME`: model selection under every rule;
 - :data:`DONE_MARKER`: an empty file marking a finished sweep job;
-- :data:`FLOWER_LOGS`: after a failed ``flower-deployment`` run, the logs of its Flower processes.
+- :data:`FLOWER_LOGS`: after a failed ``flower-deployment`` run, the logs of its Flower processes;
+- :data:`PLOTS_FOLDER`: the plots ``fedbed plot`` writes (never committed);
+- :data:`TENSORBOARD_FOLDER`: TensorBoard's event files of a run tracked with ``tracker: tensorboard``
+  or exported to it (:mod:`fedbed.tracking`; never committed).
 
 A sweep folder also holds :data:`SWEEP_RECORD` (the sweep file as run), :data:`STORE_NAME`
 (the results index, rebuilt when read, never committed) and :data:`CLAIMS_FOLDER` (one file per
@@ -27,6 +30,8 @@ SWEEP_RECORD = "sweep.yaml"
 STORE_NAME = "results.sqlite"
 FLOWER_LOGS = "flower-logs"
 CLAIMS_FOLDER = "claims"
+PLOTS_FOLDER = "plots"
+TENSORBOARD_FOLDER = "tensorboard"
 
 COMMITTED_FILES = (CONFIG_NAME, LOG_NAME, PROVENANCE_NAME, SUMMARY_NAME, DONE_MARKER)
 """The small files of a finished run that a results folder in the repository keeps."""

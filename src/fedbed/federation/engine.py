@@ -394,6 +394,7 @@ def run_rounds(
     resume: bool = False,
     progress: bool = True,
     on_start: Callable[[int], None] | None = None,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or resume) the federated training and return the evaluation of every evaluated round.
 
@@ -410,6 +411,8 @@ def run_rounds(
         on_start: called once before the first round with the number of rounds already
             completed (0, or the checkpoint's round when resuming; ``>= rounds`` when nothing is
             left to run).
+        on_round: called with each round's record once its log line and checkpoint are written
+            (an experiment tracker's hook, :class:`fedbed.tracking.RunTracking`).
 
     Returns:
         One dict per evaluated round: ``round``, ``id``, ``id_mean``, ``ood``, ``ood_mean``.
@@ -435,6 +438,8 @@ def run_rounds(
         if evaluation is not None:
             evaluations.append(evaluation)
         write_round(log_path, checkpoint_path, record, federation.strategy, federation.clients)
+        if on_round is not None:
+            on_round(record)
         postfix = {"loss": f"{record['metrics'].get('train_loss', float('nan')):.3f}"}
         if evaluations:
             postfix.update(id=f"{evaluations[-1]['id_mean']:.1f}", ood=f"{evaluations[-1]['ood_mean']:.1f}")
