@@ -35,6 +35,8 @@ SLOW_TESTS = {
     "tests/test_composition.py::test_fedavg_on_either_side_equals_the_plain_method_bit_for_bit",
     "tests/test_composition.py::test_a_sweep_grid_holds_composed_methods_and_their_report_labels_them",
     "tests/test_server_rules.py::test_feddg_ga_resumes_its_weights_exactly",
+    # Random hyperparameter search: a two-trial sweep run and reported
+    "tests/test_hparam_search.py::test_a_tiny_search_runs_and_the_report_prints_the_chosen_values",
     # Warm starts named by another sweep: two small sweeps run
     "tests/test_init_from.py::test_a_sweep_starts_each_job_from_the_other_sweeps_run_of_its_own_target",
     # Flower: a local federation's processes, or the simulation

@@ -224,7 +224,8 @@ def algorithms(
         help="Show the values a run on this dataset uses (the paper's values for it replace the general defaults).")] = None,
 ) -> None:
     """List the registered algorithms with their hyperparameters (the values a run uses and where
-    each comes from: the general default, or the paper's value for the dataset) and whether their
+    each comes from: the general default, or the paper's value for the dataset), the distributions
+    a random hyperparameter search draws them from, and whether their
     server only averages (secure aggregation, robust aggregation and differential privacy apply).
     NAME may be a composed CLIENT+SERVER method."""
     from fedbed.algorithms import ALGORITHMS, AlgorithmError, get_algorithm, resolve_hyperparameters
@@ -246,6 +247,11 @@ def algorithms(
         role = (" (a server rule: CLIENT+" + algorithm.name + " trains another method's clients under it)"
                 if algorithm.server_rule else "")
         typer.echo(f"{algorithm.name:10s} {algorithm.summary}\n{'':10s} server: {server}{role}")
+        try:
+            space = ", ".join(f"{key} ~ {distribution}" for key, distribution in algorithm.search_space().items())
+        except AlgorithmError:
+            space = "none declared (a sweep's hparams.search: random refuses it)"
+        typer.echo(f"{'':10s} random search distributions: {space}")
         if spec is None:
             defaults = ", ".join(f"{k}={f.default}" for k, f in algorithm.hyperparameters.model_fields.items())
             typer.echo(f"{'':10s} hyperparameters (general defaults): {defaults}")
@@ -429,15 +435,18 @@ def report(
         help="Write a self-contained HTML report (tables + plots) here; the plots go to the folder's plots/, or "
              "for several folders beside the page (<name>_plots/).")] = None,
     select_hparams: Annotated[bool, typer.Option(
-        help="Per method and target, keep the hyperparameters with the best id (source) validation, as DomainBed.")] = False,
+        help="Per method and target, keep the hyperparameters (grid values or random-search trial) with the best "
+             "mean id (source) validation over seeds, as DomainBed; a table names the chosen values.")] = False,
     allow_mixed_data: Annotated[bool, typer.Option(help="Report runs that read different data together.")] = False,
+    select_per_seed: Annotated[bool, typer.Option(
+        help="With --select-hparams: choose for each seed on its own (DomainBed groups by trial seed).")] = False,
 ) -> None:
     """Tables of one or more sweep folders: labels x targets, mean ± std or ± SE over seeds, paired t-tests."""
     from fedbed.reporting import render_report, write_html_report
 
     try:
         built = report_from_options(sweep_dirs, selection, spread, baseline, compare, target, label, per_seed,
-                                    select_hparams, allow_mixed_data)
+                                    select_hparams, allow_mixed_data, select_per_seed=select_per_seed)
         text = render_report(built, format)
     except ValueError as error:
         fail(str(error))
@@ -455,7 +464,7 @@ def report(
 
 
 def report_from_options(sweep_dirs, selection, spread, baseline, compare, target, label, per_seed, select_hparams,
-                        allow_mixed_data, **_unused) -> Any:
+                        allow_mixed_data, select_per_seed=False, **_unused) -> Any:
     """The :class:`fedbed.reporting.Report` of ``fedbed report``'s options (by their parameter
     names; options that only say where to write are ignored).
 
@@ -465,7 +474,7 @@ def report_from_options(sweep_dirs, selection, spread, baseline, compare, target
     from fedbed.reporting import build_report
 
     return build_report(sweep_dirs, selection or ["train_domain_val"], spread, baseline or (), compare or (),
-                        select_hparams, target or (), label or (), per_seed, allow_mixed_data)
+                        select_hparams, target or (), label or (), per_seed, allow_mixed_data, select_per_seed)
 
 
 def report_block_text(arguments: list[str]) -> str:

@@ -34,6 +34,7 @@ from fedbed.algorithms import (
     get_algorithm,
     resolve_hyperparameters,
 )
+from fedbed.algorithms.base.search_space import HyperparameterTrial
 from fedbed.algorithms.options.differential_privacy import DifferentialPrivacy
 from fedbed.algorithms.options.robust_aggregation import (
     DEFAULT_BYZANTINE_CLIENTS,
@@ -215,6 +216,11 @@ class ExperimentConfig(BaseModel):
             not what it computes: a placement setting. Unset: none.
         tracker_uri: MLflow's tracking URI (``tracker: mlflow`` only); unset: ``MLFLOW_TRACKING_URI``,
             else MLflow's default (``sqlite:///mlflow.db`` in the working directory).
+        hparams_trial: which trial of a sweep's random hyperparameter search the run is
+            (:class:`fedbed.algorithms.base.search_space.HyperparameterTrial`: ``search``, ``seed``,
+            ``trial``), set by the sweep with the trial's values in ``hp``; a record of where they
+            came from, part of the run's identity, in its summary and its reports' labels
+            (``fedprox(trial=3)``). Unset: not a search trial.
         hp: algorithm hyperparameters by name (validated by the algorithm).
         run_dir: output folder (default ``runs/<dataset>/<algorithm>/<target>/seed<seed>``).
 
@@ -276,6 +282,7 @@ class ExperimentConfig(BaseModel):
     attacking_clients: int | None = Field(None, gt=0)
     tracker: Literal[TRACKERS] | None = None
     tracker_uri: str | None = None
+    hparams_trial: HyperparameterTrial | None = None
     hp: dict[str, Any] = Field(default_factory=dict)
     run_dir: Path | None = None
 

@@ -321,6 +321,7 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
         "data_fingerprint": dataset.fingerprint,
         "algorithm": built.algorithm.name,
         "hp": built.hparams.model_dump(mode="json"),
+        **({} if config.hparams_trial is None else {"hparams_trial": config.hparams_trial.model_dump(mode="json")}),
         "target": config.target,
         "seed": config.seed,
         "rounds": config.rounds,

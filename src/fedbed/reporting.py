@@ -236,38 +236,67 @@ def labelled_summaries(sweep_dirs: Path | Sequence[Path], selections: str | Sequ
     return [run.summary for run in scored_runs(sweep_dirs, selections)]
 
 
-def select_hyperparameters(summaries: list[dict[str, Any]], selection: str) -> tuple[list[dict[str, Any]], list[list[str]]]:
+def select_hyperparameters(summaries: list[dict[str, Any]], selection: str,
+                           per_seed: bool = False) -> tuple[list[dict[str, Any]], list[list[str]]]:
     """DomainBed's hyperparameter selection (``collect_results``, "training-domain validation"):
-    per group (method and variant) and target domain, the label (hyperparameter values) whose
-    runs have the highest mean id accuracy over seeds, the id accuracy being the source domains'
-    holdouts at the round ``selection`` chooses. The target is never read.
+    per group (method and variant) and target domain, the label (grid values or random-search
+    trial) whose runs have the highest mean id accuracy over seeds, the id accuracy being the
+    source domains' holdouts at the round ``selection`` chooses; with ``per_seed``, per group,
+    target and seed, the label with the highest id accuracy of that seed's run (DomainBed groups
+    by ``trial_seed`` before it chooses). The target is never read.
 
     Args:
         summaries: :func:`labelled_summaries`.
         selection: ``last``, ``train_domain_val`` or ``last_five_mean``.
+        per_seed: choose for each seed on its own, as DomainBed does.
 
     Returns:
-        ``(the chosen runs, relabelled by their group; rows (header first) of the choices)``.
+        ``(the chosen runs, relabelled by their group; rows (header first) of the choices)``: a
+        row per group, target (and seed) with the chosen label, its ``values`` (the
+        hyperparameters that differ among the candidates, at the chosen label's values;
+        ``–`` for a single candidate), its id accuracy and the number of candidates.
 
     Raises:
         ValueError: ``selection`` is ``oracle`` (it would choose by target accuracy).
     """
     if selection == "oracle":
         raise ValueError("--select-hparams chooses by source-domain validation; use --selection last, train_domain_val or last_five_mean")
-    candidates: dict[tuple[str, str], dict[str, list[float]]] = {}
+
+    def key_of(summary: dict[str, Any]) -> tuple:
+        return (summary["group"], summary["target"], *((summary["seed"],) if per_seed else ()))
+
+    candidates: dict[tuple, dict[str, list[float]]] = {}
+    settings: dict[tuple, dict[str, dict[str, Any]]] = {}
     for summary in summaries:
-        scores = candidates.setdefault((summary["group"], summary["target"]), {})
-        scores.setdefault(summary["label"], []).append(summary["selection"][selection]["id_mean"])
+        candidates.setdefault(key_of(summary), {}).setdefault(summary["label"], []).append(
+            summary["selection"][selection]["id_mean"])
+        settings.setdefault(key_of(summary), {}).setdefault(summary["label"], summary.get("hp", {}))
     chosen = {key: max(scores, key=lambda label: (sum(scores[label]) / len(scores[label]), label))
               for key, scores in candidates.items()}
-    rows = [[f"selected hyperparameters (highest mean id accuracy, {selection}; source domains only)", "target",
-             "chosen", "id", "candidates"]]
-    for (group, target), label in sorted(chosen.items()):
-        values = candidates[(group, target)][label]
-        rows.append([group, target, label, f"{sum(values) / len(values):.1f}", str(len(candidates[(group, target)]))])
-    kept = [{**summary, "label": summary["group"]} for summary in summaries
-            if chosen[(summary["group"], summary["target"])] == summary["label"]]
+    rule = "id accuracy of each seed's run" if per_seed else "mean id accuracy"
+    rows = [[f"selected hyperparameters (highest {rule}, {selection}; source domains only)", "target",
+             *(["seed"] if per_seed else []), "chosen", "values", "id", "candidates"]]
+    for key, label in sorted(chosen.items()):
+        values = candidates[key][label]
+        rows.append([key[0], *(str(part) for part in key[1:]), label, differing_values(settings[key], label),
+                     f"{sum(values) / len(values):.1f}", str(len(candidates[key]))])
+    kept = [{**summary, "label": summary["group"]} for summary in summaries if chosen[key_of(summary)] == summary["label"]]
     return kept, rows
+
+
+def differing_values(settings: dict[str, dict[str, Any]], label: str) -> str:
+    """``"name=value, ..."`` of the hyperparameters whose values differ among the candidates
+    (``settings``: label -> its runs' hyperparameters), at ``label``'s values (floats to 3
+    significant digits), sorted by name; ``–`` when none differs (a single candidate)."""
+    import json
+
+    names = sorted({name for hp in settings.values() for name in hp})
+    differing = [name for name in names if len({json.dumps(hp.get(name), sort_keys=True) for hp in settings.values()}) > 1]
+
+    def shown(value: Any) -> str:
+        return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+    return ", ".join(f"{name}={shown(settings[label].get(name))}" for name in differing) or "–"
 
 
 def comparison_pairs(labels: Sequence[str], baselines: Sequence[str] = (),
@@ -369,6 +398,7 @@ def build_report(
     labels: Sequence[str] = (),
     per_seed: bool = False,
     allow_mixed_data: bool = False,
+    select_per_seed: bool = False,
 ) -> Report:
     """The report of one sweep folder or of several read together: rows are labels (method,
     variant and varied hyperparameters, :func:`fedbed.results.labelled_runs`), columns target
@@ -389,12 +419,15 @@ def build_report(
             ``select_hparams``, method (and variant) names.
         per_seed: a column per seed beside each mean (:func:`score_table`).
         allow_mixed_data: report runs that read different data together.
+        select_per_seed: with ``select_hparams``, choose for each seed on its own (DomainBed's
+            grouping by trial seed) instead of by the mean over seeds.
 
     Raises:
         ValueError: an unknown rule or spread, no finished run, two different runs under one
             (label, target, seed), a run ``last_five_mean`` cannot score, a target, label,
             baseline or compared label not among the runs', ``select_hparams`` with ``oracle``,
-            or runs that read different data without ``allow_mixed_data``.
+            ``select_per_seed`` without ``select_hparams``, or runs that read different data
+            without ``allow_mixed_data``.
     """
     from fedbed.federation.evaluation import REPORT_SELECTIONS
 
@@ -416,8 +449,10 @@ def build_report(
     targets = list(targets) or found
     runs = [run for run in runs if run.summary["target"] in targets]
     summaries, choices = [run.summary for run in runs], None
+    if select_per_seed and not select_hparams:
+        raise ValueError("--select-per-seed says how --select-hparams chooses; give --select-hparams too")
     if select_hparams:
-        summaries, choices = select_hyperparameters(summaries, selections[0])
+        summaries, choices = select_hyperparameters(summaries, selections[0], select_per_seed)
     shown = sorted({s["label"] for s in summaries})
     for label in labels:
         if label not in shown:

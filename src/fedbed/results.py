@@ -8,7 +8,8 @@ pairs.
 Tables:
 
 - ``runs``: one row per run directory — ``run`` (folder name), ``dataset``, ``algorithm``,
-  ``label`` (algorithm plus the values of the hyperparameters the sweep varies), ``target``,
+  ``label`` (algorithm plus its random-search trial and the values of the hyperparameters the
+  sweep varies), ``target``,
   ``seed``, ``hp`` (JSON), ``done`` (0/1), and for each model-selection rule ``<rule>_round``,
   ``<rule>_id`` and ``<rule>_ood`` (``oracle_*`` read the target domain).
 - ``rounds``: one row per logged round — ``run``, ``round``, ``train_loss``, ``id_mean``,
@@ -112,16 +113,22 @@ def variant_of(config: dict[str, Any], variants: dict[str, dict[str, Any]]) -> s
 
 
 def run_label(algorithm: str, hp: dict[str, Any], varied: list[str], variant: str | None = None,
-              init_from: dict[str, Any] | None = None) -> str:
+              init_from: dict[str, Any] | None = None, trial: int | None = None) -> str:
     """``algorithm``, with ``[variant]`` for a sweep's named variant, ``{from METHOD@ROUND}`` for a
-    warm start (the summary's ``init_from``) and ``(key=value, ...)`` for the hyperparameters its
-    grid varies."""
+    warm start (the summary's ``init_from``) and ``(trial=T, key=value, ...)`` for a random
+    search's trial (:func:`search_trial`) and the hyperparameters its grid varies."""
     label = algorithm if variant is None else f"{algorithm}[{variant}]"
     if init_from is not None:
         label += f"{{from {init_from.get('algorithm')}@{init_from.get('round')}}}"
-    if not varied:
-        return label
-    return f"{label}(" + ", ".join(f"{k}={hp.get(k)}" for k in varied) + ")"
+    parts = ([] if trial is None else [f"trial={trial}"]) + [f"{k}={hp.get(k)}" for k in varied]
+    return f"{label}(" + ", ".join(parts) + ")" if parts else label
+
+
+def search_trial(record: dict[str, Any]) -> int | None:
+    """The random-search trial a run is (its ``hparams_trial``, recorded in ``config.yaml`` and
+    ``summary.json``: :class:`fedbed.algorithms.base.search_space.HyperparameterTrial`), or
+    ``None`` for a run outside a search."""
+    return (record.get("hparams_trial") or {}).get("trial")
 
 
 def as_folders(sweep_dirs: Path | str | Sequence[Path | str]) -> list[Path]:
@@ -183,8 +190,8 @@ def unfinished_runs(sweep_dirs: Path | Sequence[Path]) -> list[Path]:
 
 def labelled_runs(sweep_dirs: Path | Sequence[Path]) -> list[FinishedRun]:
     """:func:`finished_runs`, each summary with a ``label`` (:func:`run_label`) and a ``group``
-    (the label without hyperparameters): the algorithm, its sweep variant and the values of the
-    hyperparameters that vary. Over one folder these are the ones its sweep file's grid varies,
+    (the label without hyperparameters): the algorithm, its sweep variant, its random-search trial
+    and the values of the hyperparameters that vary. Over one folder these are the ones its sweep file's grid varies,
     as ``fedbed results`` labels them. Over several, a method's (and variant's) runs from folders
     whose sweep records set a hyperparameter differently (:func:`declared_hyperparameters`; e.g.
     ``augmentation: amplitude_mix`` in one, the default in the other) also name its value, so the
@@ -215,7 +222,7 @@ def labelled_runs(sweep_dirs: Path | Sequence[Path]) -> list[FinishedRun]:
         algorithm, name = run.summary["algorithm"], variant[run.path]
         keys = sorted(set(varied[run.sweep_dir].get(algorithm, [])) | across[(algorithm, name)])
         warm = run.summary.get("init_from")
-        run.summary["label"] = run_label(algorithm, run.summary.get("hp", {}), keys, name, warm)
+        run.summary["label"] = run_label(algorithm, run.summary.get("hp", {}), keys, name, warm, search_trial(run.summary))
         run.summary["group"] = run_label(algorithm, {}, [], name, warm)
         key = (run.summary["label"], run.summary["target"], run.summary["seed"])
         if key in owners:
@@ -278,7 +285,7 @@ def _fill_store(db: sqlite3.Connection, sweep_dir: Path) -> None:
             "dataset": config["dataset"],
             "algorithm": config["algorithm"],
             "label": run_label(config["algorithm"], config.get("hp", {}), varied.get(config["algorithm"], []),
-                               variant_of(config, variants)),
+                               variant_of(config, variants), trial=search_trial(config)),
             "target": config["target"],
             "seed": config["seed"],
             "hp": json.dumps(config.get("hp", {}), sort_keys=True),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 
@@ -11,6 +13,13 @@ def derive_seed(*parts: int) -> int:
     for part in parts:
         value = (value ^ (int(part) + 0x632BE59BD9B4E019 + (value << 6) + (value >> 2))) & ((1 << 64) - 1)
     return value & ((1 << 63) - 1)
+
+
+def name_seed(name: str) -> int:
+    """A 63-bit integer for a name (a method, a hyperparameter), to be one of :func:`derive_seed`'s
+    parts: the first 8 bytes of the SHA-256 of its UTF-8 text, the same in every process
+    (Python's ``hash`` of a string is salted per process)."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") & ((1 << 63) - 1)
 
 
 def seeded_generator(*parts: int) -> torch.Generator:

@@ -1,5 +1,6 @@
-"""Sweeps: a grid of runs (algorithms x targets x seeds x named hyperparameter values) over one
-dataset and protocol, each in a run directory named by a hash of its resolved settings.
+"""Sweeps: a grid of runs (algorithms x targets x seeds x named hyperparameter values, or the
+trials of a random hyperparameter search) over one dataset and protocol, each in a run directory
+named by a hash of its resolved settings.
 
 A sweep file (YAML)::
 
@@ -20,6 +21,20 @@ A sweep file (YAML)::
 
 A variant may be limited to some of the sweep's algorithms (``only_algorithms``) and targets
 (``only_targets``), e.g. an ablation of one method on one target beside a full comparison.
+
+Instead of a grid, DomainBed's random search (Gulrajani & Lopez-Paz, ICLR 2021) gives every
+method the same budget of trials::
+
+    hparams: {search: random, trials: 8, seed: 0}
+
+Trial 0 runs each method's defaults; trials 1..N-1 draw each hyperparameter from the distribution
+the method declares beside its defaults (:mod:`fedbed.algorithms.base.search_space`), the same
+draws for every target, seed and variant, and independent of the other methods listed
+(:func:`hyperparameter_points`). A hyperparameter that ``base`` or a variant sets is held at that
+value and not drawn. The drawn values are in each job's ``hp`` and the trial in its
+``hparams_trial`` setting, so both are part of its identity; a sweep without ``hparams`` (or with
+``search: grid``) keeps its jobs. ``fedbed report --select-hparams`` then keeps each method's
+trial with the best training-domain validation.
 
 Warm starts from another sweep's models: ``init_from: {sweep: FOLDER, algorithm: NAME}`` in
 ``base`` or a variant starts each job from that sweep's run of ``NAME`` with the job's own target
@@ -49,12 +64,14 @@ import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from tqdm import tqdm
 
+from fedbed.algorithms import AlgorithmError, get_algorithm
+from fedbed.algorithms.base.search_space import SEARCHES, HyperparameterTrial, draw_trial
 from fedbed.data import dataset_spec, resolve_data_root, with_found_domains
 from fedbed.config import (PLACEMENT_SETTINGS, ConfigError, ExperimentConfig, config_from_mapping, name_from_number,
                            override_settings, validate)
@@ -63,8 +80,36 @@ from fedbed.provenance import run_sources, source_fingerprint
 from fedbed.results import VARIANT_LIMITS
 from fedbed.run_directory import CHECKPOINT_NAME, CLAIMS_FOLDER, DONE_MARKER, SUMMARY_NAME, SWEEP_RECORD
 
-PER_JOB_KEYS = ("algorithm", "target", "seed", "run_dir")
+PER_JOB_KEYS = ("algorithm", "target", "seed", "run_dir", "hparams_trial")
 """Settings a sweep sets per job: neither ``base`` nor a variant may hold them."""
+
+
+class HyperparameterSearch(BaseModel):
+    """A sweep file's ``hparams``: how the methods' hyperparameter values are chosen.
+
+    Attributes:
+        search: ``grid`` (the values ``hp`` lists, as without ``hparams``) or ``random``
+            (DomainBed's random search over each method's declared distributions).
+        trials: N, the trials of every method under ``random`` (trial 0: the defaults; DomainBed's
+            paper runs 20).
+        seed: S, the seed of the draws under ``random`` (default 0); part of each job's identity.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    search: Literal[SEARCHES] = "grid"
+    trials: int | None = Field(None, ge=1)
+    seed: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _trials_for_random_search(self) -> "HyperparameterSearch":
+        if self.search == "random" and self.trials is None:
+            raise ValueError("search: random needs trials: N, the same number for every method (DomainBed's paper: 20)")
+        if self.search == "grid" and (self.trials is not None or self.seed is not None):
+            raise ValueError("trials and seed apply to search: random; a grid's values are listed under hp")
+        if self.search == "random" and self.seed is None:
+            self.seed = 0
+        return self
 
 
 class SweepSpec(BaseModel):
@@ -78,6 +123,7 @@ class SweepSpec(BaseModel):
     targets: str | list[str] = "all"
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     hp: dict[str, dict[str, list[Any]]] = Field(default_factory=dict)
+    hparams: HyperparameterSearch | None = None
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("targets", mode="before")
@@ -97,6 +143,14 @@ class SweepSpec(BaseModel):
                 if not values:
                     raise ValueError(f"hp.{algorithm}.{key} lists no value")
         return hp
+
+    @field_validator("hparams")
+    @classmethod
+    def _grid_or_random_search(cls, hparams: HyperparameterSearch | None, info) -> HyperparameterSearch | None:
+        if hparams is not None and hparams.search == "random" and info.data.get("hp"):
+            raise ValueError("a random search draws the hyperparameters that hp lists grid values for; remove hp (set "
+                             "a value to hold fixed in base's or a variant's hp), or run the grid as its own sweep")
+        return hparams
 
     @field_validator("base")
     @classmethod
@@ -164,19 +218,50 @@ def sweep_record(spec: SweepSpec) -> str:
     leaves a committed record unchanged."""
     values = spec.model_dump(mode="json")
     values["base"] = {key: value for key, value in values["base"].items() if key != "data_root"}
+    if values["hparams"] is None:  # the records of sweeps without a search stay as they were
+        del values["hparams"]
     return yaml.safe_dump(values, sort_keys=False)
+
+
+def hyperparameter_points(spec: SweepSpec, algorithm: str,
+                          fixed: frozenset[str] = frozenset()) -> list[tuple[dict[str, Any], HyperparameterTrial | None]]:
+    """The hyperparameter values of ``algorithm``'s jobs for each target, seed and variant, each
+    with its search trial: the grid of ``spec.hp`` (every combination of its listed values; one
+    point without values when it lists none), with no trial; or under ``hparams.search: random``
+    the ``trials`` trials of :func:`fedbed.algorithms.base.search_space.draw_trial` (trial 0 the
+    defaults), seeded from (S, the method's name, the trial), so no other method of the sweep
+    changes them. ``fixed`` names the hyperparameters the sweep sets, which are not drawn.
+
+    Raises:
+        ConfigError: a random search of a method that declares no search distributions (naming it).
+    """
+    search = spec.hparams
+    if search is None or search.search == "grid":
+        grid = spec.hp.get(algorithm, {})
+        names = sorted(grid)
+        return [(dict(zip(names, values)), None) for values in itertools.product(*(grid[key] for key in names))]
+    try:
+        method = get_algorithm(algorithm)
+        space = method.search_space()
+    except AlgorithmError as error:
+        raise ConfigError(str(error)) from None
+    return [(draw_trial(space, search.seed, method.name, trial, fixed), HyperparameterTrial(seed=search.seed, trial=trial))
+            for trial in range(search.trials)]
 
 
 def expand(spec: SweepSpec, sweep_dir: Path, data_root: Path | str | None = None) -> list[ExperimentConfig]:
     """Every job of the sweep, each with its run directory ``sweep_dir/<hash>``.
 
-    Order: seed, then target, then algorithm, then variant, then hyperparameter values, so a
-    partial sweep holds whole seeds. A variant's settings replace ``base``'s, its ``hp`` is
-    merged into ``base``'s, and the algorithm's grid values come last. ``data_root``, if given,
+    Order: seed, then target, then algorithm, then variant, then hyperparameter values (grid
+    values or search trials, :func:`hyperparameter_points`), so a partial sweep holds whole
+    seeds. A variant's settings replace ``base``'s, its ``hp`` is merged into ``base``'s, and the
+    algorithm's grid values come last; a search trial's draws leave the values ``base`` or the
+    variant sets. ``data_root``, if given,
     replaces ``base``'s (a placement setting: the jobs' hashes do not depend on it).
 
     Raises:
-        ConfigError: an invalid setting, dataset, target, algorithm or hyperparameter.
+        ConfigError: an invalid setting, dataset, target, algorithm or hyperparameter, or a
+            random search of a method that declares no search distributions.
     """
     if data_root is not None:
         spec = spec.model_copy(update={"base": {**spec.base, "data_root": str(data_root)}})
@@ -195,11 +280,12 @@ def expand(spec: SweepSpec, sweep_dir: Path, data_root: Path | str | None = None
         if algorithm not in variant.get("only_algorithms", [algorithm]) or target not in variant.get("only_targets", [target]):
             continue
         variant = {key: value for key, value in variant.items() if key not in VARIANT_LIMITS}
-        grid = spec.hp.get(algorithm, {})
-        names = sorted(grid)
-        for values in itertools.product(*(grid[key] for key in names)):
-            hp = {**spec.base.get("hp", {}), **variant.get("hp", {}), **dict(zip(names, values))}
+        fixed = {**spec.base.get("hp", {}), **variant.get("hp", {})}
+        for values, trial in hyperparameter_points(spec, algorithm, frozenset(fixed)):
+            hp = {**fixed, **values}
             settings = override_settings(spec.base, variant)
+            if trial is not None:
+                settings["hparams_trial"] = trial.model_dump(mode="json")
             if isinstance(settings.get("init_from"), dict):
                 settings["init_from"] = str(init_run_of(settings["init_from"], target, seed, spec.base.get("data_root"), expanded))
             config = config_from_mapping({**settings, "algorithm": algorithm, "target": target, "seed": seed, "hp": hp})
@@ -213,7 +299,7 @@ def expand(spec: SweepSpec, sweep_dir: Path, data_root: Path | str | None = None
             if computed in made_by:
                 raise ConfigError(f"{this} and {made_by[computed]} give the same run ({algorithm}, target {target}, "
                                   f"seed {seed}) once defaults are filled in; drop one of them")
-            made_by[computed] = f"{this} ({dict(zip(names, values)) or 'no grid value'})"
+            made_by[computed] = f"{this} ({values or 'no grid value'}{'' if trial is None else f', trial {trial.trial}'})"
             jobs.append(config.model_copy(update={"run_dir": sweep_dir / config_hash(config)}))
     return jobs
 

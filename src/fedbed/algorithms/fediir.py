@@ -70,6 +70,7 @@ from fedbed.algorithms.base.local_training import (
 )
 from fedbed.algorithms.base.model_aggregation import FedAvgStrategy, ModelAggregation
 from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
+from fedbed.algorithms.base.search_space import Choice
 from fedbed.federation.arrays import weighted_average
 from fedbed.federation.devices import HOST
 from fedbed.federation.local_data import Batch, ClientData
@@ -82,7 +83,7 @@ parameter ``classifier.weight`` is ``fediir_mean_gradient/classifier.weight``.""
 
 
 class FedIIRHyperparameters(LocalTrainingHyperparameters):
-    """FedIIR's hyperparameters (the authors' ``domainbed/hparams_registry.py``).
+    """FedIIR's hyperparameters and their search (the authors' ``domainbed/hparams_registry.py``).
 
     Attributes:
         penalty_weight: λ, the weight of the gradient penalty (``penalty``: 1e-3 on datasets
@@ -95,6 +96,9 @@ class FedIIRHyperparameters(LocalTrainingHyperparameters):
     penalty_weight: float = Field(1e-3, ge=0)
     gradient_ema: float = Field(0.95, ge=0, le=1)
     weighting: Literal["num_examples", "uniform"] = "num_examples"
+    search_space = {  # as the authors' random search draws them, on RotatedMNIST, VLCS, PACS and OfficeHome
+        "penalty_weight": Choice([1e-2, 5e-3, 1e-3, 5e-4, 1e-4], source="FedIIR's hparams_registry.py: penalty"),
+        "gradient_ema": Choice([0.9, 0.95, 0.99], source="FedIIR's hparams_registry.py: ema")}
 
 
 def head_parameters(model: nn.Module) -> dict[str, nn.Parameter]:

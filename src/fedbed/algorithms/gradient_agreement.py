@@ -31,6 +31,7 @@ from fedbed.algorithms.base.local_training import (
 )
 from fedbed.algorithms.base.model_aggregation import FedAvgStrategy
 from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
+from fedbed.algorithms.base.search_space import LogUniform, Uniform
 from fedbed.algorithms.base.update_aggregation import (
     UpdateAggregation,
     visiting_orders,
@@ -122,11 +123,17 @@ class FedGMAHyperparameters(LocalTrainingHyperparameters):
     """FedGMA's mask threshold τ and server step size η.
 
     Defaults are hFedF's selected values on PACS (``hfedf.txt``, Table 10): τ = 0.7, η = 1.0
-    (Office-Home: 0.3, 0.01; VLCS: 0.5, 0.01).
+    (Office-Home: 0.3, 0.01; VLCS: 0.5, 0.01). Searched over the span of hFedF's grids (Table 10):
+    τ ~ U(0.3, 0.7) (grid 0.3, 0.5, 0.7), η ~ 10^U(−2, 0) (grid 1e-2, 1e-1, 1).
     """
 
     mask_threshold: float = Field(0.7, ge=0, le=1)
     server_learning_rate: float = Field(1.0, gt=0)
+
+    search_space = {
+        "mask_threshold": Uniform(0.3, 0.7, source="hFedF Table 10: FedGMA's mask threshold grid {0.3, 0.5, 0.7}"),
+        "server_learning_rate": LogUniform(1e-2, 1.0, source="hFedF Table 10: FedGMA's server step size grid {1e-2, 1e-1, 1}"),
+    }
 
 
 class FedGMAAggregation(UpdateAggregation):

@@ -42,6 +42,7 @@ from fedbed.algorithms.base.local_training import (
     SupervisedAlgorithm,
 )
 from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
+from fedbed.algorithms.base.search_space import LogUniform, Uniform
 from fedbed.federation.alignment import cosine_similarities
 from fedbed.federation.messages import ClientInfo, Payload, Reply, RoundSummary
 from fedbed.federation.strategy import ServerStrategy
@@ -74,7 +75,7 @@ class ExponentialMovingAverage:
 
 
 class HFedFHyperparameters(LocalTrainingHyperparameters):
-    """hFedF's hyperparameters; defaults are the PACS column of ``hfedf.txt`` Table 10.
+    """hFedF's hyperparameters; defaults: the PACS column of ``hfedf.txt`` Table 10; search: its grids' span.
 
     Attributes:
         server_learning_rate: Adam's learning rate on θ and ν (1e-3).
@@ -97,6 +98,10 @@ class HFedFHyperparameters(LocalTrainingHyperparameters):
     use_ema: bool = True
     gradalign_softmax: Literal["positive", "negative"] = "positive"
     embeddings: Literal["learnable", "random"] = "learnable"
+    search_space = {  # the span of Table 10's grids; the client's settings as every method's (their range holds its grids)
+        "server_learning_rate": LogUniform(1e-3, 1e-1, source="hFedF Table 10: server learning rate {1e-1, 1e-2, 1e-3}"),
+        "server_weight_decay": LogUniform(1e-5, 1e-3, source="hFedF Table 10: server weight decay {1e-3, 1e-4, 1e-5}"),
+        "ema_decay": Uniform(0.75, 0.95, source="hFedF Table 10: server EMA decay {0.75, 0.85, 0.95}")}
 
 
 class HypernetworkStrategy(ServerStrategy):
@@ -260,13 +265,14 @@ class HFedF(SupervisedAlgorithm):
 
 class PFedHNHyperparameters(HFedFHyperparameters):
     """pFedHN as hFedF's baseline: no GradAlign, no EMA; PACS values of ``hfedf.txt`` Table 10
-    (server learning rate 1e-2, server weight decay 1e-3, client weight decay 1e-5)."""
+    (server learning rate 1e-2, server weight decay 1e-3, client weight decay 1e-5); searched as hFedF."""
 
     client_weight_decay: float = Field(1e-5, ge=0)
     server_learning_rate: float = Field(1e-2, gt=0)
     server_weight_decay: float = Field(1e-3, ge=0)
     use_gradalign: bool = False
     use_ema: bool = False
+    search_space = {"ema_decay": None}  # Table 10 gives pFedHN hFedF's grids but no EMA
 
 
 @register_algorithm

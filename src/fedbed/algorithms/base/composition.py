@@ -17,7 +17,8 @@ nothing: ``mcgdm+fedavg`` is MCGDM and ``fedavg+ppdg`` is PPDG, bit for bit
 A composed method has one set of hyperparameters, the client method's and the rule's own
 (those of the client optimiser come from the client side); a rule's hyperparameter whose name
 the client method also uses is named ``server_<name>``. Its paper values per dataset are both
-sides' and its run settings per dataset the client method's, else the rule's.
+sides' and its run settings per dataset the client method's, else the rule's; its search
+distributions are both sides' (each side must declare its own).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from fedbed.algorithms.base.registry import (
     Hyperparameters,
     registered_algorithm,
 )
+from fedbed.algorithms.base.search_space import Distribution
 from fedbed.federation.strategy import ClientTrainer, ServerStrategy
 
 SEPARATOR = "+"
@@ -112,6 +114,17 @@ class ComposedAlgorithm(Algorithm):
                                               else server.secure_aggregation_compatible)
         self.server_rule = False
         self.server_rule_refusal = "is already a composed method"
+
+    def search_space(self) -> dict[str, Distribution]:
+        """Both sides' search distributions: the client method's (with the shared client
+        optimiser's), and the rule's own under their names here (``server_<name>`` on a clash).
+
+        Raises:
+            AlgorithmError: either side declares none.
+        """
+        server = self.server.search_space()
+        return {**{self.server_names[name]: distribution for name, distribution in server.items()
+                   if name in self.server_names}, **self.client.search_space()}
 
     def sides(self, hparams: Any) -> tuple[Hyperparameters, Hyperparameters]:
         """The client method's and the rule's hyperparameters out of the composed ones."""

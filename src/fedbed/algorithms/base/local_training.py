@@ -23,6 +23,7 @@ from fedbed.algorithms.base.registry import (
     Hyperparameters,
     TrainingBudget,
 )
+from fedbed.algorithms.base.search_space import LogUniform, SearchSpaceDeclaration
 from fedbed.data.augmentation import Augmentation
 from fedbed.federation.arrays import clone_arrays
 from fedbed.federation.devices import (
@@ -46,6 +47,13 @@ class LocalTrainingHyperparameters(Hyperparameters):
     hFedF's Algorithm 2 writes plain gradient steps; ``client_optimizer=sgd`` (with
     ``client_momentum``) follows it literally.
 
+    Search distributions (``search_space``, :mod:`fedbed.algorithms.base.search_space`): the
+    learning rate 10^U(−4.5, −2.5) and the weight decay 10^U(−6, −2), DomainBed's
+    (``hparams_registry.py``; the sources are in the declarations). The optimiser, its momentum
+    and schedule are choices of a comparison, not searched; the batch size and the local epochs
+    are run settings that fix the budget (B and E control a round's computation, McMahan et al.
+    2017, "The FederatedAveraging Algorithm"), kept out of the search.
+
     Attributes:
         client_optimizer: ``adam`` or ``sgd``.
         client_lr: the learning rate (of round 1 under a schedule).
@@ -64,6 +72,15 @@ class LocalTrainingHyperparameters(Hyperparameters):
     client_momentum: float = Field(0.0, ge=0, lt=1)
     client_lr_schedule: Literal["constant", "cosine"] = "constant"
     client_final_lr: float = Field(1e-4, gt=0)
+
+    search_space: ClassVar[SearchSpaceDeclaration] = {
+        "client_lr": LogUniform(10 ** -4.5, 10 ** -2.5, source=(
+            "DomainBed's hparams_registry.py, lr on its small-image datasets, trained from scratch as FedBed's "
+            "default models are (its 10^U(-5, -3.5) fine-tunes an ImageNet ResNet-50 and excludes this default)")),
+        "client_weight_decay": LogUniform(1e-6, 1e-2, source=(
+            "DomainBed's hparams_registry.py, weight_decay on its image datasets (it fixes 0 on MNIST; FedBed's "
+            "defaults are not 0 on any dataset)")),
+    }
 
 
 def cosine_learning_rate(round_number: int, rounds: int, initial: float, final: float) -> float:

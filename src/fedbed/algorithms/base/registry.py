@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from fedbed.algorithms.base.search_space import Distribution, SearchSpaceError, declared_search_space
 from fedbed.data.augmentation import Augmentation
 from fedbed.federation.devices import HOST, PRECISIONS
 from fedbed.federation.strategy import ClientTrainer, ServerStrategy
@@ -150,6 +151,18 @@ class Algorithm(ABC):
     @abstractmethod
     def create_trainer(self, hparams: Any, context: AlgorithmContext) -> ClientTrainer:
         """The client half."""
+
+    def search_space(self) -> dict[str, Distribution]:
+        """The distributions a random hyperparameter search draws this method's hyperparameters
+        from, declared beside its defaults (:func:`fedbed.algorithms.base.search_space.declared_search_space`).
+
+        Raises:
+            AlgorithmError: the method's hyperparameter class declares none (one line naming it).
+        """
+        try:
+            return declared_search_space(self.hyperparameters, self.name)
+        except SearchSpaceError as error:
+            raise AlgorithmError(str(error)) from None
 
     def create_aggregation(self, hparams: Any, context: AlgorithmContext) -> "ModelAggregation":
         """The server rule of a method with :attr:`server_rule`: how the round's client models
