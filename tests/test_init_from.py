@@ -97,3 +97,29 @@ def test_a_sweep_starts_each_job_from_the_other_sweeps_run_of_its_own_target(tmp
     with pytest.raises(ConfigError, match="init_from.round: Extra inputs"):
         expand(warm.model_copy(update={"variants": {"v": {"init_from": {"sweep": str(tmp_path), "algorithm": "fedavg",
                                                                          "round": 3}}}}), tmp_path / "warm")
+
+
+def test_a_method_with_modules_of_its_own_starts_from_the_shared_arrays_when_asked(source, tmp_path):
+    from fedbed.build import matching_arrays
+
+    saved = torch.load(source / CHECKPOINT_NAME, weights_only=False)["strategy"]["model"]
+    config = ExperimentConfig(algorithm="fedsr", rounds=1, init_from=source, init_from_arrays="matching",
+                              run_dir=tmp_path / "fedsr", **SMALL)
+    built = build_run(config)
+    start, record = built.warm_start
+    fresh = built.initial_model.state_dict()
+    # FedSR wraps the featurizer's network as featurizer.backbone: those arrays are the source's.
+    backbone = [name for name in start if name.startswith("featurizer.backbone.")]
+    assert backbone and all(torch.equal(start[name], saved[name.replace("backbone.", "", 1)]) for name in backbone)
+    same = [name for name in start if name in saved and saved[name].shape == start[name].shape]
+    assert all(torch.equal(start[name], saved[name]) for name in same)
+    assert record["kept_initial"] == sorted(set(start) - set(backbone) - set(same)) != []
+    assert all(torch.equal(start[name], fresh[name]) for name in record["kept_initial"])
+    assert run_experiment(config, **QUIET)["init_from"]["kept_initial"] == record["kept_initial"]
+    # The rule by hand: same name and shape loads, another shape or a missing name stays fresh.
+    loaded, kept = matching_arrays({"featurizer.a": torch.ones(2), "classifier.w": torch.ones(3)},
+                                   {"featurizer.backbone.a": torch.zeros(2), "classifier.w": torch.zeros(4),
+                                    "generator.w": torch.zeros(1)})
+    assert list(loaded) == ["featurizer.backbone.a"] and kept == ["classifier.w", "generator.w"]
+    with pytest.raises(ConfigError, match="give init_from"):
+        validate(ExperimentConfig(algorithm="fedavg", init_from_arrays="matching", **SMALL))

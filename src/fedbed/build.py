@@ -76,6 +76,31 @@ def _partitions(config: ExperimentConfig, split, pooled: bool):
 @dataclass
 class BuiltRun:
     """One run's pieces, built from its :class:`ExperimentConfig` the same way on every machine
+def matching_arrays(source: dict[str, torch.Tensor], own: dict[str, torch.Tensor]
+                    ) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """The arrays of a warm start under ``init_from_arrays: matching``: each array of this run's
+    model (``own``) that the source model has under the same name, or, for a method that wraps the
+    featurizer's network as ``featurizer.backbone`` (FedSR's encoder), under the name without
+    ``backbone.``; with the same shape and dtype.
+
+    Returns:
+        ``(loaded, kept)``: the source's arrays by this run's names, and the names of this run's
+        arrays left at their initial values (a method's own modules: FedADG's generator and
+        discriminator, FedSR's variational head and classifier on its features).
+    """
+    loaded: dict[str, torch.Tensor] = {}
+    kept: list[str] = []
+    for name, mine in own.items():
+        theirs = source.get(name)
+        if theirs is None and name.startswith("featurizer.backbone."):
+            theirs = source.get("featurizer." + name.removeprefix("featurizer.backbone."))
+        if theirs is not None and theirs.shape == mine.shape and theirs.dtype == mine.dtype:
+            loaded[name] = theirs
+        else:
+            kept.append(name)
+    return loaded, sorted(kept)
+
+
     (the seed fixes the split, the partitions and the initial model), so the server and each
     Flower site can build their own part.
 
@@ -131,19 +156,28 @@ class BuiltRun:
         except EngineError as error:
             raise ConfigError(f"init_from: {error}") from None
         own = self.initial_model.state_dict()
-        for name in sorted(set(own) | set(state)):
-            theirs, mine = state.get(name), own.get(name)
-            if theirs is None or mine is None or theirs.shape != mine.shape or theirs.dtype != mine.dtype:
-                raise ConfigError(f"init_from: {source}'s model does not fit this run's {self.model_name} (array {name}: "
-                                  f"{_described(theirs)} there, {_described(mine)} here): start from a run of the same "
-                                  "model and method")
+        kept: list[str] = []
+        if self.config.init_from_arrays == "matching":
+            loaded, kept = matching_arrays(state, own)
+            if not any(name.startswith("featurizer.") for name in loaded):
+                raise ConfigError(f"init_from: {source}'s model shares no featurizer array with this run's "
+                                  f"{self.model_name}: start from a run of the same model")
+            start = {**own, **loaded}
+        else:
+            for name in sorted(set(own) | set(state)):
+                theirs, mine = state.get(name), own.get(name)
+                if theirs is None or mine is None or theirs.shape != mine.shape or theirs.dtype != mine.dtype:
+                    raise ConfigError(f"init_from: {source}'s model does not fit this run's {self.model_name} (array "
+                                      f"{name}: {_described(theirs)} there, {_described(mine)} here): start from a run "
+                                      "of the same model and method, or set init_from_arrays: matching")
+            start = state
         settings = yaml.safe_load((source / CONFIG_NAME).read_text()) if (source / CONFIG_NAME).is_file() else {}
         digest = hashlib.sha256()
         for name in sorted(state):
             digest.update(name.encode())
             digest.update(state[name].detach().contiguous().numpy().tobytes())  # loaded on the host
-        return state, {"run": str(source), "algorithm": settings.get("algorithm"), "round": round_number,
-                       "model_digest": digest.hexdigest()[:16]}
+        return start, {"run": str(source), "algorithm": settings.get("algorithm"), "round": round_number,
+                       "model_digest": digest.hexdigest()[:16], **({"kept_initial": kept} if kept else {})}
 
     @property
     def probe(self) -> LinearProbe | None:
