@@ -73,9 +73,6 @@ def _partitions(config: ExperimentConfig, split, pooled: bool):
     return partition_one_client_per_domain(split)
 
 
-@dataclass
-class BuiltRun:
-    """One run's pieces, built from its :class:`ExperimentConfig` the same way on every machine
 def matching_arrays(source: dict[str, torch.Tensor], own: dict[str, torch.Tensor]
                     ) -> tuple[dict[str, torch.Tensor], list[str]]:
     """The arrays of a warm start under ``init_from_arrays: matching``: each array of this run's
@@ -101,6 +98,9 @@ def matching_arrays(source: dict[str, torch.Tensor], own: dict[str, torch.Tensor
     return loaded, sorted(kept)
 
 
+@dataclass
+class BuiltRun:
+    """One run's pieces, built from its :class:`ExperimentConfig` the same way on every machine
     (the seed fixes the split, the partitions and the initial model), so the server and each
     Flower site can build their own part.
 
