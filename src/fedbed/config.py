@@ -132,6 +132,11 @@ class ExperimentConfig(BaseModel):
             read, never a client's state; the architectures must match. Part of the run's
             identity; recorded with the source's method and round in the summary, the provenance
             line and the reports' labels. Unset: a fresh model.
+        init_from_arrays: ``all`` (unset): every array of the source's model, which must be this
+            run's architecture exactly; ``matching``: the arrays this run's model shares with it by
+            name, shape and dtype (a method with modules of its own, FedADG's generator, FedSR's
+            variational encoder, starts them fresh: :func:`fedbed.build.matching_arrays`), the
+            arrays left fresh recorded as ``kept_initial`` in the warm start's record.
         freeze_batchnorm: keep the featurizer's BatchNorm layers in evaluation mode in training
             (DomainBed's ``freeze_bn``: running statistics neither used nor updated); unset: off.
         classifier_dropout: dropout on the features before the classifier (DomainBed's
@@ -139,11 +144,6 @@ class ExperimentConfig(BaseModel):
         device: where the clients train and the server evaluates: ``auto`` (unset: the first CUDA
             device, else the CPU), ``cpu``, ``cuda``, ``cuda:N`` or ``mps``
             (:mod:`fedbed.federation.devices`); payloads, replies, checkpoints and client state
-        init_from_arrays: ``all`` (unset): every array of the source's model, which must be this
-            run's architecture exactly; ``matching``: the arrays this run's model shares with it by
-            name, shape and dtype (a method with modules of its own, FedADG's generator, FedSR's
-            variational encoder, starts them fresh: :func:`fedbed.build.matching_arrays`), the
-            arrays left fresh recorded as ``kept_initial`` in the warm start's record.
             stay on the CPU. A placement setting: a run may resume on another device.
         precision: ``fp32`` (unset), or ``bf16`` / ``fp16`` mixed precision of the clients'
             forward passes and losses (``torch.autocast``; ``fp16`` with a gradient scaler);
@@ -253,6 +253,7 @@ class ExperimentConfig(BaseModel):
     model: str | None = None
     pretrained_weights: Path | None = None
     init_from: Path | None = None
+    init_from_arrays: Literal["all", "matching"] | None = None
     pretrained: Literal[PRETRAINED_SOURCES] | None = None
     freeze_batchnorm: bool | None = None
     classifier_dropout: float | None = Field(None, ge=0, lt=1)
@@ -263,7 +264,6 @@ class ExperimentConfig(BaseModel):
     holdout_fraction: float = Field(0.2, gt=0, lt=1)
     partition: Literal["domain", "domains_per_client", "lambda_mix"] = "domain"
     num_clients: int | None = Field(None, gt=0)
-    init_from_arrays: Literal["all", "matching"] | None = None
     domains_per_client: int = Field(1, gt=0)
     mix_lambda: float = Field(0.0, ge=0, le=1)
     participation_fraction: float = Field(1.0, gt=0, le=1)
@@ -615,6 +615,9 @@ def validate(config: ExperimentConfig) -> ValidatedConfig:
         raise ConfigError(refusal)
     if config.precision is not None and config.precision not in algorithm.precisions:
         raise ConfigError(f"{algorithm.name} trains in {' or '.join(algorithm.precisions)} only, not {config.precision}")
+    if config.init_from_arrays is not None and config.init_from is None:
+        raise ConfigError("init_from_arrays says which arrays a warm start reads; give init_from (a run folder) too, "
+                          "or leave it out")
     if config.init_from is not None and not (config.init_from / CHECKPOINT_NAME).is_file():
         raise ConfigError(f"init_from: {config.init_from} holds no {CHECKPOINT_NAME} to start from (checkpoints are never "
                           "committed: give the folder of a run made on this machine, or run it again)")
@@ -654,9 +657,6 @@ def validated_settings(config: ExperimentConfig, digest: str | None) -> Validate
     setting overridden after validation, ``flwr run --run-config``) they are validated here,
     their only validation.
 
-    if config.init_from_arrays is not None and config.init_from is None:
-        raise ConfigError("init_from_arrays says which arrays a warm start reads; give init_from (a run folder) too, "
-                          "or leave it out")
     Raises:
         ConfigError: settings that fail :func:`validate`, or names this machine cannot look up
             (its data root missing, a dataset path not there).
