@@ -24,6 +24,11 @@ torch.set_num_threads(TORCH_THREADS)
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
+# The tests never reach the network: the Hugging Face libraries (datasets, huggingface_hub) read
+# these when imported and then use their caches only.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
 # The tests the quick loop (``python -m pytest -q -m "not slow"``) leaves out: each was measured
 # > 2 s (``python -m pytest -q -n 2 --durations=0``, 2026-11-26, 2 cores shared with other jobs),
 # or belongs to a group the quick loop leaves out as a whole (processes of a local Flower
@@ -101,6 +106,8 @@ SLOW_TESTS = {
     "tests/test_data.py::test_embedded_mnist_sample_equals_mlxtends_own_parse",
     "tests/test_data.py::test_shared_mnist_gives_the_full_dataset",
     "tests/test_data.py::test_a_model_for_another_input_size_reads_the_packed_file_resized",
+    # a Hugging Face dataset: two tiny runs, the first packing it, the second reading the packed copy
+    "tests/test_hugging_face_data.py::test_a_save_to_disk_copy_trains_once_packed_and_a_second_run_reads_the_packed_copy",
     # experiment trackers: a tiny run tracked by each tool and read back, one failing, exports (the tools' imports)
     "tests/test_tracking.py::test_tensorboard_logs_a_live_run_a_resumption_and_an_export_alike",
     "tests/test_tracking.py::test_mlflow_logs_a_live_run_into_its_tracking_uri",

@@ -29,6 +29,7 @@ from fedbed.config import (
     ExperimentConfig,
     ValidatedConfig,
     as_validated,
+    hugging_face_columns,
     number_of_clients,
 )
 from fedbed.data import (
@@ -382,7 +383,7 @@ def build_run(settings: ValidatedConfig | ExperimentConfig) -> BuiltRun:
         if declared is not None and not declared[0]:  # a dataset known by name: its own domains
             declared = (spec.domain_names, declared[1])
         dataset = load_dataset(spec.path or spec.name, resolved.data_root, image_size_of(config, spec), config.channels,
-                               declared)
+                               declared, hugging_face_columns(config))
         split = split_leave_one_domain_out(dataset, (config.target,), config.holdout_fraction, config.seed,
                                            present_only=declared is not None)
         partitions = _partitions(config, split, algorithm.pooled)

@@ -274,7 +274,7 @@ def algorithms(
 def prepare(
     name: Annotated[str, typer.Argument(
         help="Image dataset in DomainBed's folder layout, e.g. PACS, Camelyon17, FMoW, PovertyMap (WILDS' layouts), "
-             "or the path of your folder <domain>/<class>/<image>.")],
+             "the path of your folder <domain>/<class>/<image>, or hf:<hub name or folder> (a Hugging Face dataset).")],
     size: Annotated[int, typer.Option(help="Side in pixels after resizing.")] = 32,
     data_root: Annotated[Optional[Path], typer.Option(help="Folder holding <Name>/<domain>/<class>/<image>.")] = None,
     output_root: Annotated[Optional[Path], typer.Option(
@@ -284,18 +284,27 @@ def prepare(
         "--memory-mapped/--compressed",
         help="The images uncompressed in <name>_<size>.images.npy, which runs memory-map, or one compressed .npz "
              "(default: memory-mapped from 128 px on).")] = None,
+    image_column: Annotated[Optional[str], typer.Option(help="hf: datasets: the column of images (default: image).")] = None,
+    label_column: Annotated[Optional[str], typer.Option(help="hf: datasets: the column of labels (default: label).")] = None,
+    domain_column: Annotated[Optional[str], typer.Option(
+        help="hf: datasets: the column naming each image's domain (default: domain).")] = None,
 ) -> None:
     """Decode and resize a DomainBed folder tree (Camelyon17, FMoW, PovertyMap: WILDS' layouts) once into the packed
     layout runs read: from 128 px on, <name>_<size>.npz with the images uncompressed beside it in
     <name>_<size>.images.npy, which runs memory-map, so a dataset larger than memory trains (the tree is decoded one
-    image at a time); below, one compressed .npz."""
+    image at a time); below, one compressed .npz. A Hugging Face dataset (hf:...) is packed where its runs read it, in
+    the datasets library's cache (its runs pack it at their first use anyway)."""
     from fedbed.data import prepare_dataset, resolve_data_root
     from fedbed.data.base import DataError
+    from fedbed.data.hugging_face import HuggingFaceColumns, is_hugging_face
 
     if size <= 0:
         fail(f"--size must be positive, got {size}")
+    if not is_hugging_face(name) and any(column is not None for column in (image_column, label_column, domain_column)):
+        fail(f"--image-column, --label-column and --domain-column apply to hf: datasets only, not to {name}")
     try:
-        path = prepare_dataset(name, resolve_data_root(data_root), size, output_root, memory_mapped)
+        path = prepare_dataset(name, resolve_data_root(data_root), size, output_root, memory_mapped,
+                               HuggingFaceColumns.from_settings(image_column, label_column, domain_column))
     except DataError as error:
         fail(str(error))
     typer.echo(f"wrote {path}")

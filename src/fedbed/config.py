@@ -45,6 +45,7 @@ from fedbed.algorithms.options.robust_aggregation import (
 from fedbed.data import DataError, dataset_spec, resolve_data_root, with_found_domains
 from fedbed.data.augmentation import AUGMENTATIONS
 from fedbed.data.catalog import DatasetSpec, known_datasets, spread_data_refusal
+from fedbed.data.hugging_face import HuggingFaceColumns, hugging_face_display_name, is_hugging_face
 from fedbed.data.path_datasets import display_name
 from fedbed.federation.client_evaluation import ID_EVALUATION_SITES
 from fedbed.federation.devices import PRECISIONS, device_refusal
@@ -96,8 +97,9 @@ class ExperimentConfig(BaseModel):
     """Every setting of one run (leave-one-domain-out, one target domain).
 
     Attributes:
-        dataset: a name from ``fedbed datasets`` (any case; stored in its canonical spelling), or
-            the path of the user's own data (:mod:`fedbed.data.path_datasets`; stored as given).
+        dataset: a name from ``fedbed datasets`` (any case; stored in its canonical spelling),
+            the path of the user's own data (:mod:`fedbed.data.path_datasets`; stored as given),
+            or ``hf:<hub name or path>``, a Hugging Face dataset (:mod:`fedbed.data.hugging_face`).
         target: the held-out target domain's name (any case; a YAML number is read as its
             digits; stored in the dataset's spelling); unset: the dataset's natural default
             (RotatedMNIST: ``0``), and an error for a dataset without one.
@@ -121,6 +123,11 @@ class ExperimentConfig(BaseModel):
         class_names: the federation's classes, in order, for data spread over machines (needed
             with ``domain_names`` for classification data: a site may lack a class); unset:
             the data's own (sorted class folder names).
+        image_column: the column of images of an ``hf:`` dataset (unset: ``image``).
+        label_column: its column of class labels (a ``ClassLabel``, strings or integers; floats:
+            regression targets; unset: ``label``).
+        domain_column: its column naming each sample's domain (a ``ClassLabel``, strings or
+            integers; unset: ``domain``). The three apply to ``hf:`` datasets only.
         model: model name (default per dataset).
         pretrained_weights: local ImageNet state dict for ResNets and timm models.
         pretrained: ``imagenet``: ``resnet18``/``resnet50`` with torchvision's ImageNet weights, a
@@ -250,6 +257,9 @@ class ExperimentConfig(BaseModel):
     channels: Literal[1, 3] | None = None
     domain_names: list[str] | None = Field(None, min_length=2)
     class_names: list[str] | None = Field(None, min_length=1)
+    image_column: str | None = Field(None, min_length=1)
+    label_column: str | None = Field(None, min_length=1)
+    domain_column: str | None = Field(None, min_length=1)
     model: str | None = None
     pretrained_weights: Path | None = None
     init_from: Path | None = None
@@ -338,7 +348,8 @@ class ExperimentConfig(BaseModel):
         # run folder, config.yaml, summary.json and result filters agree. Unknown names stay as
         # typed: validate() reports them with the choices.
         try:
-            spec = dataset_spec(self.dataset, tuple(self.domain_names) if self.domain_names else None)
+            spec = dataset_spec(self.dataset, tuple(self.domain_names) if self.domain_names else None,
+                                hugging_face_columns(self))
         except DataError:
             return self
         if spec.path is None:
@@ -391,6 +402,14 @@ class ExperimentConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _columns_of_hugging_face_data(self) -> "ExperimentConfig":
+        given = [name for name in HUGGING_FACE_COLUMNS if getattr(self, name) is not None]
+        if given and not is_hugging_face(self.dataset):
+            raise ValueError(f"{', '.join(given)} applies to Hugging Face datasets (dataset: hf:<hub name or folder>) "
+                             f"only, not to {self.dataset}; leave it out")
+        return self
+
+    @model_validator(mode="after")
     def _server_options(self) -> "ExperimentConfig":
         if self.trimmed_fraction is not None and self.robust_aggregation != "trimmed_mean":
             raise ValueError("trimmed_fraction applies to robust_aggregation: trimmed_mean only")
@@ -417,9 +436,23 @@ class ExperimentConfig(BaseModel):
 
     def dataset_name(self) -> str:
         """The dataset's name: ``dataset`` itself for a known name, the folder or file stem for a
-        path (:func:`fedbed.data.path_datasets.display_name`), without reading the data."""
+        path (:func:`fedbed.data.path_datasets.display_name`) or a Hugging Face dataset
+        (:func:`fedbed.data.hugging_face.hugging_face_display_name`), without reading the data."""
         path = self.dataset_path()
-        return self.dataset if path is None else display_name(path)
+        if path is None:
+            return self.dataset
+        return hugging_face_display_name(path) if is_hugging_face(path) else display_name(path)
+
+
+HUGGING_FACE_COLUMNS = ("image_column", "label_column", "domain_column")
+"""The settings naming the columns of a Hugging Face dataset (:class:`fedbed.data.hugging_face.HuggingFaceColumns`)."""
+
+
+def hugging_face_columns(settings: ExperimentConfig | dict[str, Any]) -> HuggingFaceColumns:
+    """The columns a run's settings (a config, or a mapping of settings such as a sweep's
+    ``base``) read a Hugging Face dataset from, an unset one taking its default."""
+    values = settings if isinstance(settings, dict) else {name: getattr(settings, name) for name in HUGGING_FACE_COLUMNS}
+    return HuggingFaceColumns.from_settings(*(values.get(name) for name in HUGGING_FACE_COLUMNS))
 
 
 BUDGET_SETTINGS = ("local_epochs", "local_steps")
@@ -563,7 +596,7 @@ def _dataset_of(config: ExperimentConfig) -> tuple[DatasetSpec, Path | None]:
         DataError: a dataset or data root that cannot be found.
     """
     declared = config.declared_names()
-    spec = dataset_spec(config.dataset, declared[0] or None if declared else None)
+    spec = dataset_spec(config.dataset, declared[0] or None if declared else None, hugging_face_columns(config))
     data_root = resolve_data_root(config.data_root)
     return with_found_domains(spec, data_root), data_root  # Digits: the domains under the data root
 
@@ -684,7 +717,7 @@ def run_configs(values: dict[str, Any]) -> list[ExperimentConfig]:
     targets = [values.get("target")]
     if str(targets[0]).lower() == "all":
         try:
-            spec = dataset_spec(values.get("dataset", "RotatedMNIST"))
+            spec = dataset_spec(values.get("dataset", "RotatedMNIST"), columns=hugging_face_columns(values))
             targets = list(with_found_domains(spec, resolve_data_root(values.get("data_root"))).domain_names)
         except DataError as error:
             raise ConfigError(str(error)) from None

@@ -73,8 +73,8 @@ from tqdm import tqdm
 from fedbed.algorithms import AlgorithmError, get_algorithm
 from fedbed.algorithms.base.search_space import SEARCHES, HyperparameterTrial, draw_trial
 from fedbed.data import dataset_spec, resolve_data_root, with_found_domains
-from fedbed.config import (PLACEMENT_SETTINGS, ConfigError, ExperimentConfig, config_from_mapping, name_from_number,
-                           override_settings, validate)
+from fedbed.config import (PLACEMENT_SETTINGS, ConfigError, ExperimentConfig, config_from_mapping,
+                           hugging_face_columns, name_from_number, override_settings, validate)
 from fedbed.experiment import run_experiment
 from fedbed.provenance import run_sources, source_fingerprint
 from fedbed.results import VARIANT_LIMITS
@@ -266,7 +266,7 @@ def expand(spec: SweepSpec, sweep_dir: Path, data_root: Path | str | None = None
     if data_root is not None:
         spec = spec.model_copy(update={"base": {**spec.base, "data_root": str(data_root)}})
     try:
-        dataset = dataset_spec(spec.base.get("dataset", "RotatedMNIST"))
+        dataset = dataset_spec(spec.base.get("dataset", "RotatedMNIST"), columns=hugging_face_columns(spec.base))
         if spec.targets == "all":
             dataset = with_found_domains(dataset, resolve_data_root(spec.base.get("data_root")))
     except ValueError as error:
@@ -368,8 +368,10 @@ def finished_on_other_data(jobs: list[ExperimentConfig]) -> list[str]:
         if not (job.run_dir / DONE_MARKER).exists():
             continue
         try:
-            dataset = load_dataset(job.dataset, resolve_data_root(job.data_root), image_size_of(job, dataset_spec(job.dataset)),
-                                   job.channels)
+            columns = hugging_face_columns(job)
+            dataset = load_dataset(job.dataset, resolve_data_root(job.data_root),
+                                   image_size_of(job, dataset_spec(job.dataset, columns=columns)), job.channels,
+                                   columns=columns)
         except DataError as error:
             raise ConfigError(str(error)) from None
         summary = json.loads((job.run_dir / SUMMARY_NAME).read_text())

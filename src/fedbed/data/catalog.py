@@ -13,7 +13,16 @@ from fedbed.data.base import DataError, DatasetLoader, DatasetSpec, DomainDatase
 from fedbed.data.camelyon17 import CAMELYON17_FOLDER, CAMELYON17_HOSPITALS, CAMELYON17_LAYOUT, read_camelyon17
 from fedbed.data.digits import DIGITS_DOMAINS, load_digits, survey_digits
 from fedbed.data.fmow import FMOW_FOLDER, FMOW_LAYOUT, FMOW_REGIONS, read_fmow
+from fedbed.data.hugging_face import (
+    HuggingFaceColumns,
+    describe_hugging_face,
+    hugging_face_loader,
+    hugging_face_spec,
+    is_hugging_face,
+    pack_hugging_face,
+)
 from fedbed.data.images import (
+    MEMORY_MAPPED_FROM,
     domain_folder_names,
     load_image_folders,
     load_packed,
@@ -163,22 +172,29 @@ def known_datasets() -> dict[str, DatasetSpec]:
     return DATASETS
 
 
-def dataset_spec(name: str, declared_domains: tuple[str, ...] | None = None) -> DatasetSpec:
-    """Look a dataset up by name (case-insensitive, built-in and registered ones), else read it
-    as a path (:func:`fedbed.data.path_datasets.path_dataset_spec`): a known name wins over a
-    folder of the same name (write ``./NAME`` for the folder).
+def dataset_spec(name: str, declared_domains: tuple[str, ...] | None = None,
+                 columns: HuggingFaceColumns | None = None) -> DatasetSpec:
+    """Look a dataset up by name (case-insensitive, built-in and registered ones), else read
+    ``hf:<hub name or path>`` as a Hugging Face dataset
+    (:func:`fedbed.data.hugging_face.hugging_face_spec`), else read it as a path
+    (:func:`fedbed.data.path_datasets.path_dataset_spec`): a known name wins over a folder of the
+    same name (write ``./NAME`` for the folder).
 
     Args:
         name: a dataset name or path.
         declared_domains: the ``domain_names`` setting of data spread over machines: a path then
             has these domains, of which it may hold only some.
+        columns: the columns an ``hf:`` dataset is read from (``None``: Flower Datasets' defaults).
 
     Raises:
-        DataError: if FedBed knows no dataset of that name and it is not a readable path.
+        DataError: if FedBed knows no dataset of that name and it is not a readable path or
+            Hugging Face dataset.
     """
     for spec in known_datasets().values():
         if spec.name.lower() == name.lower():
             return spec
+    if is_hugging_face(name):
+        return hugging_face_spec(name, columns)
     if looks_like_path(name):
         return path_dataset_spec(name, declared_domains)
     raise DataError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}, or give the path of your own "
@@ -233,6 +249,8 @@ def find_image_folder(spec: DatasetSpec, data_root: Path | None) -> Path | None:
 
 def locate(spec: DatasetSpec, data_root: Path | None, image_size: int | None = None) -> str | None:
     """Describe where ``spec`` would be read from, or ``None`` if it cannot be found."""
+    if (hugging_face := hugging_face_loader(spec)) is not None:
+        return describe_hugging_face(hugging_face, image_size or spec.default_image_size)
     if spec.path is not None:
         return describe_path_dataset(spec, image_size)
     if spec.survey is not None:
@@ -254,7 +272,7 @@ def locate(spec: DatasetSpec, data_root: Path | None, image_size: int | None = N
 
 def load_dataset(name: str, data_root: Path | None, image_size: int | None = None,
                  channels: int | None = None, declared_names: tuple[tuple[str, ...], tuple[str, ...]] | None = None,
-                 ) -> DomainDataset:
+                 columns: HuggingFaceColumns | None = None) -> DomainDataset:
     """Load a dataset by name or path; the last one loaded is kept in memory, so a sequence of
     runs on the same data (a grid over algorithms, targets and seeds) reads and builds it once; each
     call returns its own copy of the tensors (of memory-mapped images, its own map of the file).
@@ -264,7 +282,9 @@ def load_dataset(name: str, data_root: Path | None, image_size: int | None = Non
     prepared copy ``<root>/<name>/<name>_<size>.npz`` if present, else the DomainBed folder tree
     (Camelyon17, FMoW, PovertyMap: WILDS' layouts, :mod:`fedbed.data.camelyon17`,
     :mod:`fedbed.data.fmow`, :mod:`fedbed.data.poverty_map`) decoded in memory. Registered
-    datasets: their loader. A path: :func:`fedbed.data.path_datasets.load_path_dataset`.
+    datasets: their loader. ``hf:<hub name or path>``: its packed copy at the image size, packed
+    from the Hugging Face dataset at its first use (:class:`fedbed.data.hugging_face.HuggingFaceLoader`).
+    A path: :func:`fedbed.data.path_datasets.load_path_dataset`.
 
     Args:
         name: a name from :data:`DATASETS` (case-insensitive) or a path (:func:`dataset_spec`).
@@ -276,6 +296,7 @@ def load_dataset(name: str, data_root: Path | None, image_size: int | None = Non
             ``domain_names`` and ``class_names`` settings): the domains this data root holds are
             read (:func:`read_present_domains`) and indexed by these names
             (:meth:`DomainDataset.conformed`); ``None``: every domain must be present.
+        columns: the columns an ``hf:`` dataset is read from (:func:`dataset_spec`).
 
     Raises:
         DataError: unknown name, nothing found under the data root (Digits: fewer than two
@@ -283,7 +304,7 @@ def load_dataset(name: str, data_root: Path | None, image_size: int | None = Non
             registration, or (declared names) data that is not image folders or a packed file,
             or a domain or class that is not declared.
     """
-    spec = with_found_domains(dataset_spec(name, declared_names[0] if declared_names else None), data_root)
+    spec = with_found_domains(dataset_spec(name, declared_names[0] if declared_names else None, columns), data_root)
     loaded = _load_dataset(spec, data_root, image_size, channels, declared_names)
     # Each caller gets its own tensors: a run (or a test) that edits labels or images in place
     # cannot change the data of the runs after it (memory-mapped images: a fresh copy-on-write map
@@ -384,13 +405,8 @@ def _read_dataset(spec: DatasetSpec, data_root: Path | None, image_size: int | N
     return (spec.folder_reader or load_image_folders)(folder, spec.name, size, spec.domain_names)
 
 
-MEMORY_MAPPED_FROM = 128
-"""Side in pixels from which ``fedbed data prepare`` writes the memory-mapped packed layout by
-default (full resolution, DomainBed's 224); smaller sides (32, 64: a few dozen MB) get one compressed ``.npz``."""
-
-
 def prepare_dataset(name: str, data_root: Path | None, image_size: int, output_root: Path | None = None,
-                    memory_mapped: bool | None = None) -> Path:
+                    memory_mapped: bool | None = None, columns: HuggingFaceColumns | None = None) -> Path:
     """Decode and resize a DomainBed folder tree (Camelyon17, FMoW, PovertyMap: WILDS' layouts) once into
     a packed layout (:mod:`fedbed.data.images`): from :data:`MEMORY_MAPPED_FROM` pixels on, the
     memory-mapped one, into which a DomainBed tree (PACS, VLCS, OfficeHome, TerraIncognita,
@@ -399,14 +415,17 @@ def prepare_dataset(name: str, data_root: Path | None, image_size: int, output_r
     dataset in memory first, then write it); below, one compressed ``.npz``.
 
     Args:
-        name: an image dataset from :data:`DATASETS`, or the path of a folder tree
-            (:func:`fedbed.data.path_datasets.prepare_path_dataset`; ``data_root`` unused).
+        name: an image dataset from :data:`DATASETS`, the path of a folder tree
+            (:func:`fedbed.data.path_datasets.prepare_path_dataset`; ``data_root`` unused), or
+            ``hf:<hub name or path>``, packed where its runs read it
+            (:func:`fedbed.data.hugging_face.pack_hugging_face`; ``data_root`` unused, no ``output_root``).
         data_root: folder holding ``<Name>/<domain>/<class>/<image>`` (``camelyon17_v1.0/...``,
             ``fmow_v1.1/...``, ``poverty_v1.1/...``).
         image_size: side in pixels.
         output_root: where to write ``<name>/<name>_<size>.npz`` (and, memory-mapped, its images
             ``<name>/<name>_<size>.images.npy``; default: ``data_root``).
         memory_mapped: the layout; ``None``: memory-mapped from :data:`MEMORY_MAPPED_FROM` px on.
+        columns: the columns an ``hf:`` dataset is read from (:func:`dataset_spec`).
 
     Returns:
         The path of the packed ``.npz``.
@@ -415,8 +434,13 @@ def prepare_dataset(name: str, data_root: Path | None, image_size: int, output_r
         DataError: for a dataset built in memory (RotatedMNIST, ColoredMNIST, Digits, a registered one), a
             missing folder tree or unreadable images.
     """
-    spec = dataset_spec(name)
+    spec = dataset_spec(name, columns=columns)
     mapped = image_size >= MEMORY_MAPPED_FROM if memory_mapped is None else memory_mapped
+    if (hugging_face := hugging_face_loader(spec)) is not None:
+        if output_root is not None:
+            raise DataError(f"{spec.name} is packed where its runs read it, {hugging_face.folder}; leave --output-root "
+                            "out (set HF_DATASETS_CACHE to move it)")
+        return pack_hugging_face(hugging_face, image_size, mapped)
     if spec.path is not None:
         return prepare_path_dataset(spec.path, image_size, output_root, mapped)
     if spec.loader is not None or not spec.folder_names:

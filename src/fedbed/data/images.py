@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import weakref
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -95,9 +96,19 @@ def decode_image(path: Path, size: int) -> np.ndarray:
     """
     try:
         with Image.open(path) as image:
-            return np.asarray(image.convert("RGB").resize((size, size), Image.Resampling.LANCZOS), dtype=np.uint8)
+            return square_rgb(image, size)
     except (UnidentifiedImageError, OSError) as error:
         raise DataError(f"cannot read image {path}: {error}") from None
+
+
+def square_rgb(image: Image.Image, size: int) -> np.ndarray:
+    """A decoded image (any PIL mode) as RGB, resized to ``size`` x ``size`` with Lanczos: what
+    every image of a folder tree or a Hugging Face dataset becomes in the packed layout.
+
+    Returns:
+        ``uint8`` array ``[size, size, 3]``.
+    """
+    return np.asarray(image.convert("RGB").resize((size, size), Image.Resampling.LANCZOS), dtype=np.uint8)
 
 
 def load_image_folders(
@@ -129,6 +140,11 @@ def load_image_folders(
         source=f"image folders {root} (decoded at {size}x{size})",
     )
 
+
+MEMORY_MAPPED_FROM = 128
+"""Side in pixels from which a dataset is packed in the memory-mapped layout by default (``fedbed
+data prepare``, a Hugging Face dataset's first run; full resolution, DomainBed's 224); smaller
+sides (32, 64: a few dozen MB) get one compressed ``.npz``."""
 
 IMAGES_FILE_SUFFIX = ".images.npy"
 """The ending of a memory-mapped packed file's images: ``<name>_<size>.images.npy`` beside ``<name>_<size>.npz``."""
@@ -239,24 +255,55 @@ def write_image_folders(root: Path, name: str, size: int, target: Path,
     entries = scan_domain_folders(root, expected_domains)
     domain_names = tuple(dict.fromkeys(domain for domain, _, _ in entries))
     class_names = tuple(sorted({class_name for _, class_name, _ in entries}))
+    return write_mapped_images(target, (decode_image(path, size) for _, _, path in entries), len(entries), size,
+                               class_names, domain_names,
+                               labels=np.array([class_names.index(c) for _, c, _ in entries], dtype=np.int16),
+                               domains=np.array([domain_names.index(d) for d, _, _ in entries], dtype=np.int8))
+
+
+def write_mapped_images(target: Path, images: Iterable[np.ndarray], count: int, size: int,
+                        class_names: tuple[str, ...], domain_names: tuple[str, ...], **answers: np.ndarray) -> Path:
+    """Write the memory-mapped packed layout at ``target`` (``<name>_<size>.npz``) from images
+    given one at a time: each goes straight into the ``.npy`` (``numpy.lib.format.open_memmap``),
+    so no more than a few are held in memory; the ``.npz`` is written last, so a half-written
+    dataset is never read.
+
+    Args:
+        target: the ``.npz`` to write.
+        images: ``count`` images, each ``uint8 [size, size, 3]`` (:func:`square_rgb`).
+        count: how many ``images`` yields.
+        size: their side in pixels.
+        class_names: one name per class (empty for regression).
+        domain_names: one name per domain.
+        answers: ``labels`` (int16 ``[count]``) or ``targets`` (float32, regression), and
+            ``domains`` (int8 ``[count]``).
+
+    Raises:
+        DataError: ``images`` yields another number of images than ``count``; whatever reading
+            an image raises (nothing is left behind); ``OSError`` when ``target`` cannot be written.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = images_file(target).with_name(target.stem + ".images.partial.npy")
-    images = np.lib.format.open_memmap(partial, mode="w+", dtype=np.uint8, shape=(len(entries), 3, size, size))
+    written = np.lib.format.open_memmap(partial, mode="w+", dtype=np.uint8, shape=(count, 3, size, size))
     try:
-        for row, (_, _, path) in enumerate(entries):
-            images[row] = decode_image(path, size).transpose(2, 0, 1)
-            if (row + 1) % _FLUSH_EVERY == 0:
-                images.flush()
-        images.flush()
+        rows = 0
+        for image in images:
+            if rows == count:
+                raise DataError(f"{target}: more than the {count} images announced")
+            written[rows] = image.transpose(2, 0, 1)
+            rows += 1
+            if rows % _FLUSH_EVERY == 0:
+                written.flush()
+        if rows != count:
+            raise DataError(f"{target}: {rows} images written, {count} announced")
+        written.flush()
     except BaseException:
-        del images
+        del written
         partial.unlink(missing_ok=True)
         raise
-    del images
+    del written
     partial.replace(images_file(target))
-    _write_small_arrays(target, labels=np.array([class_names.index(c) for _, c, _ in entries], dtype=np.int16),
-                        domains=np.array([domain_names.index(d) for d, _, _ in entries], dtype=np.int8),
-                        class_names=class_names, domain_names=domain_names)
+    _write_small_arrays(target, class_names=class_names, domain_names=domain_names, **answers)
     return target
 
 
