@@ -103,6 +103,9 @@ class GeneralizationAdjustment(ModelAggregation):
     def client_config(self) -> dict[str, Any]:
         return {REPORT_GENERALIZATION_GAP: 1}
 
+    def reported_metrics(self) -> tuple[str, ...]:
+        return (GAP_METRICS[self.hparams.gap_metric],)
+
     def step(self, round_number: int, clients: int) -> float:
         """The step of round ``round_number`` (1-based), which adjusts by the gaps of ``θ^{t−1}``."""
         if self.hparams.reading == "paper":
@@ -114,7 +117,7 @@ class GeneralizationAdjustment(ModelAggregation):
         clients = list(models.clients)
         for client in clients:
             self.weights.setdefault(client, 1.0 / len(clients))
-        name = GAP_METRICS[self.hparams.gap_metric]
+        (name,) = self.reported_metrics()
         gaps = [metrics.get(name) for metrics in models.metrics]
         telemetry: dict[str, Any] = {}
         current = torch.tensor([self.weights[c] for c in clients], dtype=torch.float64)

@@ -5,4 +5,6 @@
 ``simulation`` runs a job on Flower's simulation engine (``flower-sim``), ``deployment`` on a
 SuperLink with one SuperNode per client on this machine (``flower-deployment``); ``common`` holds
 what they share. :mod:`fedbed.backends` chooses between them and the in-process run.
+``strategies`` is the other direction: FedBed's server rules as Flower strategies for any
+Flower app's own clients (no run of FedBed imports it).
 """

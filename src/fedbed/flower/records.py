@@ -12,6 +12,8 @@ crosses the boundary bit for bit. Only named tensors and scalars are carried: ne
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
@@ -22,17 +24,20 @@ ARRAYS, READ_ONLY_ARRAYS, CONFIG, METRICS, PLACEMENT = "arrays", "read-only-arra
 NUM_EXAMPLES = "num_examples"
 
 
-def _to_array_record(arrays: dict[str, torch.Tensor]) -> ArrayRecord:
+def arrays_to_record(arrays: Mapping[str, torch.Tensor]) -> ArrayRecord:
+    """Named tensors (a state dict) as an ``ArrayRecord``, each on the host, dtype and shape kept."""
     return ArrayRecord({name: tensor.detach().to(HOST).contiguous() for name, tensor in arrays.items()})
 
 
-def _from_array_record(record: ArrayRecord) -> dict[str, torch.Tensor]:
+def arrays_from_record(record: ArrayRecord) -> dict[str, torch.Tensor]:
+    """An ``ArrayRecord``'s arrays as named CPU tensors of their dtype and shape (copies: writable,
+    sharing no memory with the record)."""
     return {name: torch.from_numpy(array.numpy().copy()) for name, array in record.items()}
 
 
 def payload_to_records(payload: Payload) -> RecordDict:
     """The records of one server-to-client message (see the module docstring)."""
-    return RecordDict({ARRAYS: _to_array_record(payload.arrays), READ_ONLY_ARRAYS: _to_array_record(payload.read_only_arrays),
+    return RecordDict({ARRAYS: arrays_to_record(payload.arrays), READ_ONLY_ARRAYS: arrays_to_record(payload.read_only_arrays),
                        CONFIG: ConfigRecord(dict(payload.config))})
 
 
@@ -43,15 +48,15 @@ def payload_from_records(content: RecordDict) -> Payload:
         KeyError: the message holds no ``arrays`` or ``config`` record (it did not come from FedBed).
     """
     read_only = content.array_records.get(READ_ONLY_ARRAYS)
-    return Payload(arrays=_from_array_record(content.array_records[ARRAYS]), config=dict(content.config_records[CONFIG]),
-                   read_only_arrays=_from_array_record(read_only) if read_only is not None else {})
+    return Payload(arrays=arrays_from_record(content.array_records[ARRAYS]), config=dict(content.config_records[CONFIG]),
+                   read_only_arrays=arrays_from_record(read_only) if read_only is not None else {})
 
 
 def reply_to_records(reply: Reply, device: str | None = None) -> RecordDict:
     """The records of one client-to-server reply (see the module docstring), with the device the
     client trained on in a ``placement`` config record when given (:func:`reply_device`)."""
     metrics = MetricRecord({**{k: float(v) for k, v in reply.metrics.items()}, NUM_EXAMPLES: int(reply.num_examples)})
-    records = {ARRAYS: _to_array_record(reply.arrays), METRICS: metrics}
+    records = {ARRAYS: arrays_to_record(reply.arrays), METRICS: metrics}
     if device is not None:
         records[PLACEMENT] = ConfigRecord({"device": device})
     return RecordDict(records)
@@ -71,4 +76,4 @@ def reply_from_records(content: RecordDict) -> Reply:
     """
     metrics = dict(content.metric_records[METRICS])
     num_examples = int(metrics.pop(NUM_EXAMPLES))
-    return Reply(arrays=_from_array_record(content.array_records[ARRAYS]), num_examples=num_examples, metrics=metrics)
+    return Reply(arrays=arrays_from_record(content.array_records[ARRAYS]), num_examples=num_examples, metrics=metrics)

@@ -63,6 +63,29 @@ class ClientModels:
     parameter_names: frozenset[str]
     metrics: Sequence[Mapping[str, float]] = ()
 
+    @classmethod
+    def of_round(cls, current: Mapping[str, torch.Tensor], replies: Mapping[int, Reply], round_number: int, seed: int,
+                 parameter_names: frozenset[str], weights: Sequence[float] | None = None) -> "ClientModels":
+        """The round's client models in ascending client order, with the generator seeded from
+        ``(seed, round_number, MODEL_AGGREGATION_PURPOSE)``: how every server that holds a
+        :class:`ModelAggregation` hands it a round (:meth:`FedAvgStrategy.combine`, and Flower's
+        strategies in :mod:`fedbed.flower.strategies`).
+
+        Args:
+            current: the global model's state dict before the round.
+            replies: the round's replies by client id.
+            round_number: the round (from 1).
+            seed: the run's seed.
+            parameter_names: the trainable floating-point parameters' names among ``current``.
+            weights: the clients' weights in ascending client order (default: each reply's
+                ``num_examples``).
+        """
+        order = sorted(replies)
+        return cls(current, order, [replies[c].arrays for c in order],
+                   list(weights) if weights is not None else [replies[c].num_examples for c in order], round_number,
+                   seeded_generator(seed, round_number, MODEL_AGGREGATION_PURPOSE), parameter_names,
+                   [replies[c].metrics for c in order])
+
 
 def trainable_parameter_names(model: torch.nn.Module) -> frozenset[str]:
     """The state-dict names of ``model``'s floating-point parameters that require gradients."""
@@ -83,6 +106,12 @@ class ModelAggregation:
     def client_config(self) -> dict[str, Scalar]:
         """Scalars every client receives in its payload's config (none for FedAvg)."""
         return {}
+
+    def reported_metrics(self) -> tuple[str, ...]:
+        """The reply metrics the rule reads, which :meth:`client_config` asks every client for
+        (FedDG-GA's generalization gap; none for FedAvg). A client reports them from its second
+        round on: in its first it has no earlier model of its own to compare with."""
+        return ()
 
     def aggregate(self, models: ClientModels) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """The new global state dict and JSON-serialisable telemetry.
@@ -134,12 +163,9 @@ class FedAvgStrategy(ServerStrategy):
 
     def combine(self, round_number: int, replies: dict[int, Reply]) -> tuple[dict, dict[str, Any]]:
         """The new global state dict and the telemetry of the combination (weights n_k/n)."""
-        order = sorted(replies)
-        generator = seeded_generator(self.seed, round_number, MODEL_AGGREGATION_PURPOSE)
-        return self.aggregation.aggregate(ClientModels(self.model.state_dict(), order, [replies[c].arrays for c in order],
-                                                       self.client_weights(replies, order), round_number, generator,
-                                                       trainable_parameter_names(self.model),
-                                                       [replies[c].metrics for c in order]))
+        return self.aggregation.aggregate(ClientModels.of_round(
+            self.model.state_dict(), replies, round_number, self.seed, trainable_parameter_names(self.model),
+            self.client_weights(replies, sorted(replies))))
 
     def aggregate(self, round_number: int, replies: dict[int, Reply]) -> RoundSummary:
         new_state, telemetry = self.combine(round_number, replies)

@@ -103,13 +103,18 @@ class RobustAggregation(ModelAggregation):
         byzantine_clients: f of ``krum`` and ``multi_krum``.
 
     Raises:
-        ValueError: an unknown rule.
+        ValueError: an unknown rule, ``trimmed_fraction`` outside ``(0, 0.5)`` or
+            ``byzantine_clients`` below 1.
     """
 
     def __init__(self, rule: str, trimmed_fraction: float = DEFAULT_TRIMMED_FRACTION,
                  byzantine_clients: int = DEFAULT_BYZANTINE_CLIENTS) -> None:
         if rule not in ROBUST_RULES:
             raise ValueError(f"unknown robust aggregation {rule!r}; choose one of {', '.join(ROBUST_RULES)}")
+        if not 0 < trimmed_fraction < 0.5:
+            raise ValueError(f"trimmed_fraction must lie in (0, 0.5): the share of clients cut at each end, got {trimmed_fraction}")
+        if int(byzantine_clients) != byzantine_clients or byzantine_clients < 1:
+            raise ValueError(f"byzantine_clients must be a whole number >= 1, got {byzantine_clients}")
         self.rule, self.trimmed_fraction, self.byzantine_clients = rule, trimmed_fraction, byzantine_clients
 
     def aggregate(self, models: ClientModels) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
