@@ -173,6 +173,13 @@ def flower_app(
     folder: Annotated[Path, typer.Argument(help="Folder to write the Flower App into (created).")],
     config: Annotated[Path, typer.Option(help="YAML file of the run's settings (leave data_root out: each machine reads its own $FEDBED_DATA).")],
     round_timeout: Annotated[float, typer.Option(help="Seconds to wait for a round's replies before dropping silent sites.")] = 3600.0,
+    discovery_timeout: Annotated[float, typer.Option(
+        help="Seconds the ServerApp waits for every site to say its client id; then the run goes on without the missing ones.",
+    )] = 600.0,
+    site_key: Annotated[Optional[list[Path]], typer.Option(
+        help="Each site's registered public key (site-K.pub), once per site in partition-id order: client K is then only "
+             "the SuperNode signing with site K's key.",
+    )] = None,
 ) -> None:
     """Write a Flower App for one run, to submit with `flwr run FOLDER FEDERATION` to a SuperLink
     whose SuperNodes run FedBed's ClientApp (the manual mode of "Running across machines")."""
@@ -184,9 +191,13 @@ def flower_app(
         validated = validate(run)
     except ConfigError as error:
         fail(str(error))
-    if round_timeout <= 0:
-        fail(f"--round-timeout must be positive, got {round_timeout}")
-    write_app(folder, validated, round_timeout=round_timeout)
+    for option, seconds in (("--round-timeout", round_timeout), ("--discovery-timeout", discovery_timeout)):
+        if seconds <= 0:
+            fail(f"{option} must be positive, got {seconds}")
+    try:
+        write_app(folder, validated, round_timeout=round_timeout, discovery_timeout=discovery_timeout, site_keys=site_key)
+    except ConfigError as error:
+        fail(str(error))
     typer.echo(f"Flower App for {run.algorithm} on {run.dataset}, target {run.target}: {folder / 'pyproject.toml'}")
     typer.echo(f"submit it with: flwr run {folder} <federation> --stream")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 import yaml
@@ -252,9 +252,10 @@ def run_experiment(config: ExperimentConfig | ValidatedConfig, *, resume: bool =
 
 
 def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False, progress: bool = True, echo=print,
-                backend: str = "in-process") -> dict[str, Any]:
+                backend: str = "in-process", on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run the rounds of a built run over ``federation`` (whatever transport reaches its
-    clients), write the run directory and return the summary (see :func:`run_experiment`).
+    clients), write the run directory and return the summary (see :func:`run_experiment`);
+    ``on_round`` is called with each round's record once it is written.
 
     Raises:
         ConfigError: a run directory that cannot be used or resumed.
@@ -297,6 +298,11 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
         tracking.begin(run_identity(run_dir, resolved, dataset.fingerprint, "+".join(run_sources({"provenance": starts}))),
                        resolved, read_log(run_dir) if completed_rounds else [])
 
+    def round_written(record: dict[str, Any]) -> None:
+        tracking.log_round(record)
+        if on_round is not None:
+            on_round(record)
+
     began = time.perf_counter()
     try:
         evaluations = run_rounds(
@@ -309,7 +315,7 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
             resume=resume,
             progress=progress,
             on_start=note_start,
-            on_round=tracking.log_round,
+            on_round=round_written,
         )
     except BaseException:  # a failed or stopped run: its tracked run is closed as failed
         tracking.fail()

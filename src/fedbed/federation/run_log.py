@@ -4,7 +4,8 @@ checkpoint are written in step.
 The engine appends one line per round and then writes the checkpoint, both under
 :func:`signals_deferred`, so a stop signal never leaves a log that is a round ahead of the
 checkpoint (:func:`write_round`). A resumed run keeps the lines of the rounds its checkpoint holds
-(:func:`keep_rounds_before`); the summary reads the faults from the log (:func:`fault_summary`).
+(:func:`keep_rounds_before`); the summary reads the faults from the log (:func:`fault_summary`);
+:func:`round_line` says in one line how a round went.
 """
 
 from __future__ import annotations
@@ -63,6 +64,30 @@ def fault_summary(log_path: Path) -> dict[str, Any]:
         if record.get("kept_previous_model"):
             kept[str(record["round"])] = record["kept_previous_model"]
     return {"dropped_replies": sum(dropped.values()), "dropped_by_client": dropped, "rounds_keeping_previous_model": kept}
+
+
+def round_line(record: dict[str, Any], rounds: int) -> str:
+    """One line saying how a round went, read from its record (a line of the run's log): the
+    training loss, the id and ood accuracy means (percent) when the round was evaluated, the
+    clients dropped (from training or evaluation) and why, and a model kept from the round before.
+    For logs that show no progress bar, such as a Flower ServerApp's (``flwr log``)."""
+
+    def percent(value: float | None) -> str:
+        return "none" if value is None else f"{value:.1f}"
+
+    def reasons(dropped: dict[str, str]) -> str:
+        return "; ".join(f"client {client}: {why}" for client, why in sorted(dropped.items(), key=lambda item: int(item[0])))
+
+    parts = [f"round {record['round']}/{rounds}: train loss {record['metrics'].get('train_loss', float('nan')):.3f}"]
+    if record.get("evaluation") is not None:
+        parts.append(f"id {percent(record['evaluation'].get('id_mean'))}, ood {percent(record['evaluation'].get('ood_mean'))}")
+    if record.get("dropped"):
+        parts.append(f"dropped {reasons(record['dropped'])}")
+    if record.get("evaluation_dropped"):
+        parts.append(f"not evaluated on {reasons(record['evaluation_dropped'])}")
+    if record.get("kept_previous_model"):
+        parts.append(f"kept the previous model: {record['kept_previous_model']}")
+    return ", ".join(parts)
 
 
 @contextlib.contextmanager

@@ -31,26 +31,33 @@ from __future__ import annotations
 import functools
 import io
 import json
+import logging
 import time
+from logging import INFO, WARNING
 from typing import Any, Callable
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import LOGGER_NAME
+from flwr.common.logger import log as flower_log
 from flwr.serverapp import Grid, ServerApp
 
 from fedbed.build import BuiltRun, build_run
 from fedbed.config import (
+    ConfigError,
     ExperimentConfig,
     ValidatedConfig,
     config_from_mapping,
     validated_settings,
 )
 from fedbed.experiment import execute_run
+from fedbed.federation.checkpoints import EngineError
 from fedbed.federation.devices import HOST
 from fedbed.federation.messages import Payload, Reply
-from fedbed.federation.transport import ClientTransport, fit_client, trained_on
-from fedbed.flower.common import FlowerError
+from fedbed.federation.run_log import round_line
+from fedbed.federation.transport import ClientTransport, TransportError, fit_client, trained_on
+from fedbed.flower.common import FlowerError, key_fingerprint
 from fedbed.flower.records import (
     payload_from_records,
     payload_to_records,
@@ -67,6 +74,17 @@ BACKEND_KEY = "fedbed-backend"
 """Run-config key naming the backend in the run's summary."""
 ROUND_TIMEOUT_KEY = "fedbed-round-timeout"
 """Run-config key: seconds to wait for a round's replies before dropping the silent clients."""
+DISCOVERY_TIMEOUT_KEY = "fedbed-discovery-timeout"
+"""Run-config key: seconds the ServerApp waits for every site to say its client id
+(:class:`FlowerClients`) before the run goes on without the missing ones."""
+DISCOVERY_TIMEOUT = 600.0
+"""Default of :data:`DISCOVERY_TIMEOUT_KEY`, in seconds."""
+DISCOVERY_REPORT_SECONDS = 30.0
+"""While discovery waits, a line every this many seconds (or four in all when the timeout is shorter)."""
+SITE_KEYS_KEY = "fedbed-site-keys"
+"""Run-config key: the fingerprints of the sites' registered public keys in partition-id order (a
+JSON list, :func:`fedbed.flower.common.key_fingerprint`): client K is only the SuperNode signing
+with site K's key (:class:`FlowerClients`)."""
 VALIDATED_KEY = "fedbed-validated"
 """Run-config key: the digest of the settings that were validated where the run was submitted
 (:attr:`fedbed.config.ValidatedConfig.digest`), so that the apps do not validate them again."""
@@ -175,48 +193,121 @@ def client_query(message: Message, context: Context) -> Message:
 class FlowerClients(ClientTransport):
     """The engine's transport over a Flower Grid: one message per selected client.
 
+    Discovery: every SuperNode that connects is asked which FedBed client it is (its
+    ``partition-id``), until each of the run's clients has answered or ``discovery_timeout``
+    seconds have passed. While it waits, a line names the partitions still missing (every
+    :data:`DISCOVERY_REPORT_SECONDS`); a SuperNode that leaves or fails before answering is
+    named and the wait goes on (another may take its place). Past the timeout the run goes on
+    without the missing clients: like a site lost mid-run, each is dropped from every round with
+    its reason in ``rounds.jsonl`` (a method that needs every client then stops at round 1 with one
+    message naming them).
+
+    With ``site_keys``, a SuperNode is taken as client K only if it signs with site K's
+    registered key (Flower's SuperNode authentication; its public key as the SuperLink holds it):
+    any other node claiming that partition-id is named and takes no part, also one whose key was
+    registered by somebody else (Flower 1.41's open-source SuperLink registers keys for anybody
+    who reaches its Control API).
+
     Args:
         grid: the ServerApp's grid.
-        num_clients: clients of the run; the federation waits for that many nodes.
+        num_clients: clients of the run (partition-ids ``0 .. num_clients - 1``).
         round_timeout: seconds to wait for a round's replies; a client without a reply by then
             (its node was lost) is dropped from the round with that reason.
-        connect_timeout: seconds to wait for every node to connect.
+        discovery_timeout: seconds to wait for every client's SuperNode to connect and answer.
+        echo: where discovery's lines go.
+        site_keys: per client (partition-id order), the fingerprint of its site's registered
+            public key (:func:`fedbed.flower.common.key_fingerprint`); ``None``: any node may
+            claim any partition-id.
 
     Raises:
-        FlowerError: fewer nodes than clients connect in time, or two nodes claim one client.
+        FlowerError: no client answered within ``discovery_timeout``, two connected SuperNodes
+            claim one partition-id, or ``site_keys`` does not hold one key per client.
     """
 
-    def __init__(self, grid: Grid, num_clients: int, round_timeout: float = 3600.0, connect_timeout: float = 600.0) -> None:
+    def __init__(self, grid: Grid, num_clients: int, round_timeout: float = 3600.0,
+                 discovery_timeout: float = DISCOVERY_TIMEOUT, echo: Callable[..., Any] = print,
+                 site_keys: list[str] | None = None) -> None:
         self.grid, self._num_clients, self.round_timeout = grid, num_clients, round_timeout
         self.round_number = 0
         self.client_devices = {}
-        self.node_of = self._discover(connect_timeout)
+        self.discovery_timeout = discovery_timeout
+        if site_keys is not None and len(site_keys) != num_clients:
+            raise FlowerError(f"this run has {num_clients} clients, and {len(site_keys)} site keys were given: give one "
+                              "registered public key per site, in partition-id order")
+        self.site_keys = site_keys
+        self.node_of = self._discover(discovery_timeout, echo)
 
     @property
     def num_clients(self) -> int:
         return self._num_clients
 
-    def _discover(self, connect_timeout: float) -> dict[int, int]:
-        deadline = time.monotonic() + connect_timeout
-        node_ids = list(self.grid.get_node_ids())
-        while len(node_ids) < self._num_clients and time.monotonic() < deadline:
-            time.sleep(0.5)
-            node_ids = list(self.grid.get_node_ids())
-        if len(node_ids) < self._num_clients:
-            raise FlowerError(f"{len(node_ids)} of {self._num_clients} SuperNodes connected within {connect_timeout:.0f} s")
-        queries = [Message(RecordDict(), dst_node_id=node, message_type="query", group_id="discover") for node in node_ids]
+    def _discover(self, timeout: float, echo: Callable[..., Any]) -> dict[int, int]:
+        """Ask each connecting SuperNode its partition-id until all answered or ``timeout``
+        passed (see the class); return client -> node id of those that answered."""
+        began = time.monotonic()
+        report_every = min(DISCOVERY_REPORT_SECONDS, timeout / 4)
+        next_report = began + report_every
         node_of: dict[int, int] = {}
-        for reply in self.grid.send_and_receive(queries, timeout=connect_timeout):
-            if reply.has_error():
-                raise FlowerError(f"node {reply.metadata.src_node_id} could not say its client id: {reply.error.reason}")
-            client = int(reply.content.config_records["node"][PARTITION_ID])
-            if client in node_of:
-                raise FlowerError(f"nodes {node_of[client]} and {reply.metadata.src_node_id} both have partition-id {client}")
-            node_of[client] = reply.metadata.src_node_id
-        missing = sorted(set(range(self._num_clients)) - set(node_of))
+        asked: dict[str, int] = {}  # query message id -> node, not answered yet
+        queried: set[int] = set()
+        while True:
+            connected = set(self.grid.get_node_ids())
+            new = sorted(connected - queried)
+            if new:
+                queries = [Message(RecordDict(), dst_node_id=node, message_type="query", group_id="discover") for node in new]
+                self.grid.push_messages(queries)  # stamps each query with its message id
+                asked.update({query.metadata.message_id: node for query, node in zip(queries, new)})
+                queried.update(new)
+            for reply in self.grid.pull_messages(list(asked)) if asked else ():
+                node = asked.pop(reply.metadata.reply_to_message_id, None)
+                if node is None:
+                    continue
+                if reply.has_error():  # the node left (an error reply from the SuperLink), or its ClientApp failed
+                    echo(f"discovery: SuperNode {node} did not say its client id: {reply.error.reason}")
+                    if node not in connected:
+                        queried.discard(node)  # asked again should it come back
+                    continue
+                client = int(reply.content.config_records["node"][PARTITION_ID])
+                held_by = node_of.get(client)
+                if not 0 <= client < self._num_clients:
+                    echo(f"discovery: SuperNode {node} has partition-id {client}, outside this run's 0..{self._num_clients - 1}; "
+                         "it takes no part")
+                elif self.site_keys is not None and self._key_of(node) != self.site_keys[client]:
+                    echo(f"discovery: SuperNode {node} claims partition-id {client} without site {client}'s registered key "
+                         f"(its key: {self._key_of(node) or 'none'}); it takes no part")
+                elif held_by is not None and held_by in connected:
+                    raise FlowerError(f"SuperNodes {held_by} and {node} both have partition-id {client}: start each site's "
+                                      f'SuperNode with its own --node-config "partition-id=K num-partitions={self._num_clients}"')
+                else:
+                    node_of[client] = node
+            missing = [client for client in range(self._num_clients) if client not in node_of]
+            now = time.monotonic()
+            if not missing or now >= began + timeout:
+                break
+            if now >= next_report:
+                echo(f"discovery: {len(node_of)} of {self._num_clients} sites said their client id; waiting for partition-id "
+                     f"{', '.join(map(str, missing))} ({len(connected)} SuperNode(s) connected, {len(asked)} not answering yet); "
+                     f"{began + timeout - now:.0f} s left")
+                next_report += report_every
+            time.sleep(POLL_SECONDS)
+        if len(missing) == self._num_clients:
+            raise FlowerError(f"no SuperNode said its client id within {timeout:g} s ({len(connected)} connected): start "
+                              f'one SuperNode per site with --node-config "partition-id=K num-partitions={self._num_clients}" '
+                              "running FedBed's ClientApp")
         if missing:
-            raise FlowerError(f"no SuperNode has partition-id {', '.join(map(str, missing))}")
+            echo(f"discovery: no SuperNode said it holds partition-id {', '.join(map(str, missing))} within {timeout:g} s; "
+                 f"the run goes on without {'it' if len(missing) == 1 else 'them'} (dropped from every round, rounds.jsonl 'dropped')")
+        elif time.monotonic() >= began + report_every:
+            echo(f"discovery: all {self._num_clients} sites said their client id after {time.monotonic() - began:.0f} s")
         return node_of
+
+    def _key_of(self, node: int) -> str | None:
+        """The fingerprint of the public key ``node`` signs with, as the SuperLink holds it (``None``: none)."""
+        public_key = next((info.public_key for info in self.grid.get_nodes() if info.node_id == node), b"")
+        try:
+            return key_fingerprint(public_key) if public_key else None
+        except ValueError:
+            return None
 
     def fit_round(self, payloads: dict[int, Payload]) -> dict[int, Reply | str]:
         self.round_number = next((int(p.config["round"]) for p in payloads.values() if "round" in p.config),
@@ -230,11 +321,12 @@ class FlowerClients(ClientTransport):
         """One message of ``message_type`` per client; per client its reply or why there is none."""
         connected = set(self.grid.get_node_ids())
         outcomes: dict[int, Reply | str] = {
-            client: "its SuperNode left the federation" if self.node_of[client] not in connected
+            client: f"no SuperNode said it holds partition-id {client} within the discovery's {self.discovery_timeout:g} s"
+            if client not in self.node_of else "its SuperNode left the federation" if self.node_of[client] not in connected
             else f"no reply from its SuperNode within {self.round_timeout:.0f} s (lost or too slow)"
             for client in payloads
         }
-        reachable = {client: payload for client, payload in payloads.items() if self.node_of[client] in connected}
+        reachable = {client: payload for client, payload in payloads.items() if self.node_of.get(client) in connected}
         sent = {
             client: Message(payload_to_records(payload), dst_node_id=self.node_of[client], message_type=message_type,
                             group_id=group_id)
@@ -265,13 +357,40 @@ class FlowerClients(ClientTransport):
 
 
 def server_main(grid: Grid, config_json: str, backend: str, progress: bool = False, echo: Callable[..., Any] = print,
-                round_timeout: float = 3600.0, digest: str | None = None) -> dict[str, Any]:
+                round_timeout: float = 3600.0, digest: str | None = None, discovery_timeout: float = DISCOVERY_TIMEOUT,
+                round_lines: bool = False, site_keys: list[str] | None = None) -> dict[str, Any]:
     """The ServerApp's body: build the run (``digest`` as :func:`cached_run`'s), reach its clients
-    through ``grid``, run the rounds, write the run directory; return the summary (as
-    :func:`fedbed.experiment.run_experiment`)."""
+    through ``grid`` (:class:`FlowerClients`, with ``round_timeout`` and ``discovery_timeout``
+    in seconds and the sites' registered keys ``site_keys``), run the rounds, write the run
+    directory; return the summary (as :func:`fedbed.experiment.run_experiment`). With
+    ``round_lines``, each round is also said in one line through ``echo``
+    (:func:`fedbed.federation.run_log.round_line`): for logs that show no progress bar."""
     built = cached_run(config_json, digest)
-    clients = FlowerClients(grid, len(built.partitions), round_timeout=round_timeout)
-    return execute_run(built, built.federation(clients), progress=progress, echo=echo, backend=backend)
+    clients = FlowerClients(grid, len(built.partitions), round_timeout=round_timeout, discovery_timeout=discovery_timeout,
+                            echo=echo, site_keys=site_keys)
+    on_round = (lambda record: echo(round_line(record, built.config.rounds))) if round_lines else None
+    return execute_run(built, built.federation(clients), progress=progress, echo=echo, backend=backend, on_round=on_round)
+
+
+SAID_IN_ONE_LINE = (TransportError, EngineError, ConfigError)
+"""FedBed's errors whose message says what went wrong and what to do: a deployed ServerApp
+stopped by one of them logs that message alone (:func:`_one_line_errors`)."""
+
+
+def _one_line_errors(record: logging.LogRecord) -> bool:
+    """A filter on Flower's logger in the ServerApp process: Flower logs an exception that ends a
+    ServerApp with its traceback (``flwr run --stream``, ``flwr log``); one of
+    :data:`SAID_IN_ONE_LINE` is logged as its message instead."""
+    error = record.exc_info[1] if record.exc_info else None
+    if isinstance(error, SAID_IN_ONE_LINE):
+        record.msg, record.args, record.exc_info, record.exc_text = f"ServerApp stopped: {error}", (), None, None
+    return True
+
+
+def _server_log(line: str) -> None:
+    """One line of the deployed ServerApp through Flower's logger, which Flower forwards to
+    ``flwr run --stream`` and ``flwr log`` (lines starting ``warning:`` at WARNING, others at INFO)."""
+    flower_log(WARNING if line.startswith("warning:") else INFO, line)
 
 
 def make_apps(validated: ValidatedConfig, backend: str, outcome: dict[str, Any], progress: bool = False,
@@ -353,9 +472,13 @@ def digest_of_run_config(run_config: dict[str, Any]) -> str | None:
 
 @server_app.main()
 def _deployed_main(grid: Grid, context: Context) -> None:
+    logging.getLogger(LOGGER_NAME).addFilter(_one_line_errors)
     run_config = dict(context.run_config)
     server_main(grid, config_json_from_run_config(run_config), str(run_config.get(BACKEND_KEY, "flower-deployment")),
-                round_timeout=float(run_config.get(ROUND_TIMEOUT_KEY, 3600.0)), digest=digest_of_run_config(run_config))
+                echo=_server_log, round_timeout=float(run_config.get(ROUND_TIMEOUT_KEY, 3600.0)),
+                digest=digest_of_run_config(run_config),
+                discovery_timeout=float(run_config.get(DISCOVERY_TIMEOUT_KEY, DISCOVERY_TIMEOUT)), round_lines=True,
+                site_keys=json.loads(str(run_config[SITE_KEYS_KEY])) if SITE_KEYS_KEY in run_config else None)
 
 
 @client_app.train()

@@ -6,14 +6,23 @@ the SuperLink and the ServerApp (server side: the method's ServerStrategy, evalu
 SuperNode per site, each running the ClientApp (the method's ClientTrainer on that site's data,
 its client id given by ``--node-config "partition-id=K"``). Only parameters and scalar metrics
 travel between them.
+
+With TLS, only registered sites join (Flower's SuperNode authentication): the SuperLink runs with
+``--enable-supernode-auth``, each site's SuperNode signs its requests with its own EC private key
+(:func:`write_site_key`), and the SuperLink admits only the SuperNodes whose public key was
+registered with ``flwr supernode register`` (:func:`register_site`); it refuses any other, and
+the launcher says so after the run (:func:`refused_supernodes`).
 """
 
 from __future__ import annotations
 
+import ast
+import concurrent.futures
 import contextlib
 import datetime
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,8 +35,16 @@ from typing import Any, Callable, Iterator
 
 from fedbed.build import build_run
 from fedbed.config import ConfigError, ExperimentConfig, ValidatedConfig, as_validated
-from fedbed.flower.apps import BACKEND_KEY, ROUND_TIMEOUT_KEY, VALIDATED_KEY, settings_as_run_config
-from fedbed.flower.common import OFFLINE_ENVIRONMENT, FlowerError
+from fedbed.flower.apps import (
+    BACKEND_KEY,
+    DISCOVERY_TIMEOUT,
+    DISCOVERY_TIMEOUT_KEY,
+    ROUND_TIMEOUT_KEY,
+    SITE_KEYS_KEY,
+    VALIDATED_KEY,
+    settings_as_run_config,
+)
+from fedbed.flower.common import OFFLINE_ENVIRONMENT, FlowerError, key_fingerprint
 from fedbed.run_directory import FLOWER_LOGS, SUMMARY_NAME
 
 CONNECTION = "fedbed"
@@ -80,6 +97,76 @@ def write_certificates(folder: Path) -> dict[str, Path]:
     return paths
 
 
+def write_site_key(folder: Path, name: str) -> tuple[Path, Path]:
+    """A site's key pair for Flower's SuperNode authentication: an EC key on NIST P-384 (the
+    curve of Flower's own guide; the SuperLink takes any NIST curve), as ``ssh-keygen -t ecdsa
+    -b 384`` writes it.
+
+    Returns:
+        ``(private, public)``: ``folder/name``, the private key in OpenSSH format, readable by
+        its owner only (the SuperNode's ``--auth-supernode-private-key``), and
+        ``folder/name.pub``, the public key as one OpenSSH line (what the operator registers
+        with ``flwr supernode register``).
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP384R1())
+    folder.mkdir(parents=True, exist_ok=True)
+    private, public = folder / name, folder / f"{name}.pub"
+    descriptor = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                       serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+                       + b"\n")
+    return private, public
+
+
+def site_key_pairs(folder: Path, count: int) -> list[tuple[Path, Path]]:
+    """The key pairs of ``count`` sites, ``folder/site-K`` and ``folder/site-K.pub`` (K = 0 ..
+    count - 1), each made by :func:`write_site_key` unless it is there."""
+    return [(folder / f"site-{site}", folder / f"site-{site}.pub") if (folder / f"site-{site}.pub").exists()
+            else write_site_key(folder, f"site-{site}") for site in range(count)]
+
+
+def register_site(public_key: Path, environment: dict[str, str], connection: str = CONNECTION) -> int:
+    """Register a site's public key with the SuperLink of ``connection`` (``flwr supernode
+    register``, through the SuperLink's Control API), so that the SuperNode holding the matching
+    private key may join; return the node id the SuperLink gave it.
+
+    Raises:
+        FlowerError: the SuperLink did not register the key (Flower's message is quoted).
+    """
+    command = [str(Path(sys.executable).parent / "flwr"), "supernode", "register", str(public_key), connection,
+               "--format", "json"]
+    finished = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120)
+    try:
+        answer = json.loads(finished.stdout[finished.stdout.index("{"):])
+    except ValueError:
+        answer = {}
+    if finished.returncode != 0 or not answer.get("success"):
+        said = " | ".join(line.strip() for line in (finished.stdout + finished.stderr).splitlines() if line.strip())
+        raise FlowerError(f"the SuperLink did not register {public_key} (flwr exit code {finished.returncode}): {said}")
+    return int(answer["node-id"])
+
+
+_REFUSED = re.compile(r"/v1/fleet/activate-node.*public key: (b'[^']*').*No SuperNode found with the given public key")
+
+
+def refused_supernodes(superlink_log: Path) -> list[str]:
+    """The public keys (PEM text) of the SuperNodes that the SuperLink of ``superlink_log``
+    refused because their key is not registered (SuperNode authentication: Flower 1.41 logs each
+    refused activation with the key), each once, in the order of their first attempt; empty when
+    the log cannot be read."""
+    try:
+        text = superlink_log.read_text(errors="replace")
+    except OSError:
+        return []
+    keys = (ast.literal_eval(match.group(1)).decode("ascii", errors="replace") for match in _REFUSED.finditer(text))
+    return list(dict.fromkeys(keys))
+
+
 def toml_key(key: str) -> str:
     """A dotted run-config key in TOML, each part quoted (setting names are plain; domain names
     in keys need not be)."""
@@ -102,20 +189,27 @@ def toml_value(value: Any) -> str:
 
 
 def write_app(folder: Path, config: ExperimentConfig | ValidatedConfig, backend: str = "flower-deployment",
-              round_timeout: float = 3600.0) -> Path:
+              round_timeout: float = 3600.0, discovery_timeout: float = DISCOVERY_TIMEOUT,
+              site_keys: list[Path] | None = None) -> Path:
     """A Flower App folder (``pyproject.toml`` only) whose components are FedBed's apps and whose
     run config carries each setting of ``config`` as its own key (``fedbed.<setting>``,
     :func:`fedbed.flower.apps.settings_as_run_config`; ``flwr run --run-config`` overrides one),
     the marker that they were validated (their digest, :data:`fedbed.flower.apps.VALIDATED_KEY`:
-    the apps do not validate them again unless a setting was overridden), the backend and the
-    round timeout in seconds (a client silent for that long is dropped from the round);
-    ``flwr run FOLDER`` submits it.
+    the apps do not validate them again unless a setting was overridden), the backend, the
+    round timeout in seconds (a client silent for that long is dropped from the round) and the
+    discovery timeout in seconds (how long the ServerApp waits for every site to say its client
+    id, :class:`fedbed.flower.apps.FlowerClients`); ``flwr run FOLDER`` submits it. With
+    ``site_keys`` (each site's public key file in partition-id order, the keys registered with the
+    SuperLink), client K is only the SuperNode that signs with site K's key: their fingerprints go
+    into the run config (:data:`fedbed.flower.apps.SITE_KEYS_KEY`).
 
     Raises:
-        ConfigError: ``config`` is not validated yet and fails :func:`fedbed.config.validate`.
+        ConfigError: ``config`` is not validated yet and fails :func:`fedbed.config.validate`, or
+            a site key file is not a public key (PEM or OpenSSH).
     """
     validated = as_validated(config).with_absolute_paths()
     config = validated.config
+    fingerprints = None if site_keys is None else [_fingerprint_of_file(path) for path in site_keys]
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "pyproject.toml").write_text(
         "[build-system]\nrequires = [\"hatchling\"]\nbuild-backend = \"hatchling.build\"\n\n"
@@ -129,8 +223,19 @@ def write_app(folder: Path, config: ExperimentConfig | ValidatedConfig, backend:
         + f"{VALIDATED_KEY} = \"{validated.digest}\"\n"
         f"{BACKEND_KEY} = \"{backend}\"\n"
         f"{ROUND_TIMEOUT_KEY} = {float(round_timeout)}\n"
+        f"{DISCOVERY_TIMEOUT_KEY} = {float(discovery_timeout)}\n"
+        + ("" if fingerprints is None else f"{SITE_KEYS_KEY} = {toml_value(json.dumps(fingerprints))}\n")
     )
     return folder
+
+
+def _fingerprint_of_file(path: Path) -> str:
+    """:func:`fedbed.flower.common.key_fingerprint` of a key file; a file that is not a public key is a ConfigError."""
+    try:
+        return key_fingerprint(path.read_bytes())
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"site key {path}: {error}; give each site's public key file (site-K.pub, from ssh-keygen "
+                          "-t ecdsa -b 384), in partition-id order") from None
 
 
 class Processes:
@@ -210,12 +315,18 @@ def local_federation(num_clients: int, work_dir: Path, tls: bool = False, data_r
 
     Args:
         num_clients: SuperNodes to start.
-        work_dir: logs, ``FLWR_HOME`` and certificates go here.
-        tls: generate a self-signed CA and certificates at start-up and use them; else insecure.
+        work_dir: logs, ``FLWR_HOME``, certificates and the sites' keys go here.
+        tls: generate a self-signed CA and certificates at start-up and use them, and admit
+            only registered SuperNodes: the SuperLink runs with ``--enable-supernode-auth``, each
+            site's key pair (``work_dir/site-keys/site-K`` and ``site-K.pub``, made by
+            :func:`write_site_key` unless there) is registered (:func:`register_site`) before its
+            SuperNode starts with it; else insecure, admitting any SuperNode (Flower allows
+            authentication over TLS only).
         data_roots: per SuperNode, the data root it reads (``FEDBED_DATA``); default: inherited.
 
     Raises:
-        FlowerError: a process exits or does not listen in time (its log is named).
+        FlowerError: a process exits or does not listen in time (its log is named), or the
+            SuperLink does not register a site's key.
     """
     home = work_dir / "flwr-home"
     home.mkdir(parents=True, exist_ok=True)
@@ -232,7 +343,7 @@ def local_federation(num_clients: int, work_dir: Path, tls: bool = False, data_r
     if tls:
         certificates = write_certificates(work_dir / "certificates")
         security = ["--ssl-ca-certfile", str(certificates["ca"]), "--ssl-certfile", str(certificates["certificate"]),
-                    "--ssl-keyfile", str(certificates["key"])]
+                    "--ssl-keyfile", str(certificates["key"]), "--enable-supernode-auth"]
         connection = f"root-certificates = {json.dumps(str(certificates['ca']))}\n"
         node_security = ["--root-certificates", str(certificates["ca"])]
     (home / "config.toml").write_text(
@@ -245,13 +356,19 @@ def local_federation(num_clients: int, work_dir: Path, tls: bool = False, data_r
             "--host", "127.0.0.1", "--port", str(port),
         ])
         _wait_for_port(port, link, "flower-superlink", work_dir / "superlink.log")
+        key_flags: list[list[str]] = [[] for _ in range(num_clients)]
+        if tls:  # every site's key registered (concurrently: each registration is a flwr process) before any starts
+            pairs = site_key_pairs(work_dir / "site-keys", num_clients)
+            with concurrent.futures.ThreadPoolExecutor(max_workers=num_clients) as pool:
+                list(pool.map(lambda pair: register_site(pair[1], environment), pairs))
+            key_flags = [["--auth-supernode-private-key", str(private)] for private, _ in pairs]
         for client in range(num_clients):
             node_environment = dict(environment)
             if data_roots is not None:
                 node_environment["FEDBED_DATA"] = str(data_roots[client])
             processes.environment = node_environment
             processes.start(f"supernode-{client}", [
-                str(bin_dir / "flower-supernode"), *node_security, "--superlink", f"127.0.0.1:{port}",
+                str(bin_dir / "flower-supernode"), *node_security, *key_flags[client], "--superlink", f"127.0.0.1:{port}",
                 "--node-config", f"partition-id={client} num-partitions={num_clients}",
                 "--isolation", "subprocess", "--host", "127.0.0.1", "--port", str(free_port()),
             ])
@@ -264,9 +381,13 @@ def local_federation(num_clients: int, work_dir: Path, tls: bool = False, data_r
 def run_flower_deployment(config: ExperimentConfig | ValidatedConfig, *, tls: bool = False, progress: bool = False,
                           echo: Callable[..., Any] = print, work_dir: Path | None = None,
                           timeout: float = 86400.0, round_timeout: float = 3600.0,
+                          discovery_timeout: float = DISCOVERY_TIMEOUT,
                           site_data_roots: list[Path] | None = None) -> dict[str, Any]:
     """Run ``config`` on a real Flower deployment on this machine (SuperLink + one SuperNode per
-    client on 127.0.0.1), streaming the ServerApp's log; return the run's summary.
+    client on 127.0.0.1), streaming the ServerApp's log; return the run's summary. With ``tls``,
+    only the sites it registers join (:func:`local_federation`); a SuperNode the SuperLink
+    refused meanwhile (a stranger's, its key not registered) is named in one line after the run,
+    and the deployment's logs are kept in ``<run_dir>/flower-logs``.
 
     Args:
         config: the run: validated settings (:func:`fedbed.config.validate`, as
@@ -278,6 +399,7 @@ def run_flower_deployment(config: ExperimentConfig | ValidatedConfig, *, tls: bo
             sites on other machines would, e.g. each holding only its own domain (data spread
             over machines: ``domain_names`` / ``class_names``); the server reads this process's
             ``$FEDBED_DATA``. ``None``: every process reads the config's data root.
+        round_timeout, discovery_timeout: seconds, as :func:`write_app`'s.
 
     Raises:
         ConfigError: invalid settings; ``site_data_roots`` with a ``data_root`` in the config
@@ -297,13 +419,23 @@ def run_flower_deployment(config: ExperimentConfig | ValidatedConfig, *, tls: bo
     with contextlib.ExitStack() as stack:
         if work_dir is None:
             work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedbed-flower-")))
-        app = write_app(work_dir / "app", validated, round_timeout=round_timeout)
+        # With TLS the sites' keys are made first: the app pins each client to its site's key.
+        site_keys = [public for _, public in site_key_pairs(work_dir / "site-keys", num_clients)] if tls else None
+        app = write_app(work_dir / "app", validated, round_timeout=round_timeout, discovery_timeout=discovery_timeout,
+                        site_keys=site_keys)
         try:
-            return _deploy(config, app, num_clients, work_dir, tls, progress, echo, timeout, summary_path,
-                           site_data_roots)
+            summary = _deploy(config, app, num_clients, work_dir, tls, progress, echo, timeout, summary_path,
+                              site_data_roots)
         except FlowerError as error:
             kept = keep_logs(work_dir, config.resolved_run_dir())
             raise FlowerError(str(error).replace(str(work_dir), str(kept))) from None
+        refused = refused_supernodes(work_dir / "superlink.log")
+        if refused:
+            kept = keep_logs(work_dir, config.resolved_run_dir())
+            echo(f"flower-deployment: the SuperLink refused {len(refused)} SuperNode{'s' if len(refused) > 1 else ''} whose "
+                 f"key is not registered (SuperNode authentication); the run went on with the registered sites; "
+                 f"their public keys are in {kept / 'superlink.log'}")
+        return summary
 
 
 def _deploy(config: ExperimentConfig, app: Path, num_clients: int, work_dir: Path, tls: bool, progress: bool,
@@ -312,7 +444,7 @@ def _deploy(config: ExperimentConfig, app: Path, num_clients: int, work_dir: Pat
     """Start the local federation, run the app on it with ``flwr run`` and return the summary."""
     with local_federation(num_clients, work_dir, tls=tls, data_roots=site_data_roots) as (_, environment):
         command = [str(Path(sys.executable).parent / "flwr"), "run", str(app), CONNECTION, "--stream"]
-        echo(f"flower-deployment: SuperLink and {num_clients} SuperNodes on 127.0.0.1{' with TLS' if tls else ''}; logs in {work_dir}")
+        echo(f"flower-deployment: SuperLink and {num_clients} SuperNodes on 127.0.0.1{' with TLS, registered sites only' if tls else ''}; logs in {work_dir}")
         try:
             finished = subprocess.run(command, env=environment, cwd=work_dir, timeout=timeout,
                                       stdout=None if progress else subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
