@@ -32,7 +32,7 @@ import torch
 from _common import parse_arguments, smoke_data
 from fedbed.build import build_run
 from fedbed.config import ExperimentConfig
-from fedbed.data.images import ImageRows
+from fedbed.data.images import ImageRows, mapped_file
 
 BATCH_SIZE = 32
 
@@ -80,11 +80,11 @@ def report(data_root: Path, image_size: int) -> None:
     sets = clients + [built.data(indices) for indices in built.split.holdout.values()] + [built.data(built.ood_indices)]
     built_in = time.perf_counter() - started
     peak_anon, peak_file = memory()["RssAnon"], memory()["RssFile"]
-    mapped = all(isinstance(s.images, ImageRows) for s in sets)
+    mapped = all(isinstance(s.images, ImageRows) and mapped_file(s.images.source) is not None for s in sets)
     held = sum(s.images.numel() * s.images.element_size() for s in sets)
     as_float = sum(s.images.numel() * 4 for s in sets)  # to_model_input gives float32 of the same shape
     count = sum(len(s) for s in sets)
-    where = "memory-mapped, not held" if mapped else "held"
+    where = "memory-mapped, not held" if mapped else "rows of the dataset's images, held once by the dataset"
     print(f"PACS-{image_size}: {count} samples; images as uint8 ({where}): {held / 2**20:.1f} MiB; "
           f"as float32 model input: {as_float / 2**20:.1f} MiB ({as_float / held:.1f}x)")
     started, batches = time.perf_counter(), 0

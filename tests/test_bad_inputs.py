@@ -39,6 +39,9 @@ from fedbed.sweep import load_sweep_file, run_sweep
     ({"attack": "nonsense"}, "attack: Input should be 'exception'"),
     ({"attacking_clients": 1}, "attacking_clients applies with an attack only"),
     ({"attack": "sign_flip_scale10", "attacking_clients": 6}, "attacking_clients is 6, but the run has 5 client(s)"),
+    ({"dirichlet_alpha": 0.5}, "dirichlet_alpha applies to partition: dirichlet only (this run's partition is domain)"),
+    ({"partition": "dirichlet", "dirichlet_alpha": 0}, "dirichlet_alpha: Input should be greater than 0"),
+    ({"partition": "dirichlet", "num_clients": 500, "dirichlet_alpha": 0.05}, "of 500 clients without a training sample"),
 ])
 def test_the_python_api_raises_one_config_error(settings, message, tmp_path):
     with pytest.raises(ConfigError) as raised:

@@ -62,6 +62,10 @@ NUMBER = r"([-+]?[0-9][0-9,]*\.?[0-9]*(?:e[-+]?[0-9]+)?)"
 
 SMOKE_RUNS = [
     SmokeRun("client_cost.py", rf"^fedadg / FedAvg local training time per image: {NUMBER}$", ("--method", "fedadg")),
+    # 100 clients, 10 of them per round; a client holds indices, not images: memory as at 10 clients
+    SmokeRun("many_clients.py", rf"^\| 100 \| 10 \| {NUMBER} \| {NUMBER} \| {NUMBER} \| {NUMBER} \|$",
+             also=(rf"^\| 10 \| 1 \| {NUMBER} \| {NUMBER} \| {NUMBER} \| {NUMBER} \|$",),
+             at_most=((rf"^peak RSS at 100 clients / at 10: {NUMBER}$", 1.5),)),
     SmokeRun("mcgdm_client_cost.py", rf"^mcgdm / FedAvg local training time per image: {NUMBER}$"),
     # images kept as uint8 take a quarter of their float32 model input
     SmokeRun("client_data_memory.py", rf"^PACS-32: 32 samples; .* as float32 model input: .* MiB \({NUMBER}x\)$",

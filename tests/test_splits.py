@@ -1,14 +1,16 @@
-import torch
+import numpy as np
 import pytest
+import torch
 
 from fedbed.data import (
     DataError,
+    partition_dirichlet,
     partition_domains_per_client,
     partition_lambda_mix,
     partition_one_client_per_domain,
     split_leave_one_domain_out,
 )
-from fedbed.data.splits import DomainSplit
+from fedbed.data.splits import DomainSplit, dirichlet_cut_points
 from fedbed.federation.sampling import sample_clients
 from tests.helpers import make_dataset
 
@@ -78,6 +80,57 @@ def test_lambda_mix_extremes_and_shares():
     own = [i for i in half[0].indices.tolist() if i < 40]
     assert len(own) in (13, 14)
     assert sorted(torch.cat([c.indices for c in half]).tolist()) == list(range(120))
+
+
+def test_lambda_mix_refuses_to_leave_a_client_without_samples():
+    # lambda 1: each domain's 3 samples are shared among 10 clients, so clients 3..9 receive none
+    with pytest.raises(DataError, match=r"leaves 7 of 10 clients without a training sample \(client 3, 4, .*lower num_clients"):
+        partition_lambda_mix(fake_split({0: 3, 1: 3}), 10, 1.0, seed=0)
+
+
+def test_dirichlet_cut_points_by_hand():
+    # client k receives round(count x cumulative share) - the cut before it
+    assert dirichlet_cut_points(np.array([0.5, 0.25, 0.25]), 8).tolist() == [4, 6]  # pieces 4, 2, 2
+    assert dirichlet_cut_points(np.array([0.1, 0.9]), 10).tolist() == [1]  # pieces 1, 9
+    assert dirichlet_cut_points(np.array([0.0, 0.3, 0.7]), 5).tolist() == [0, 2]  # pieces 0, 2, 3 (1.5 rounds to 2)
+
+
+def labelled_split() -> tuple[DomainSplit, torch.Tensor]:
+    """Two source domains of 60 samples each (ids 0..59 and 60..119), 3 classes of 40: label = id mod 3."""
+    return fake_split({0: 60, 1: 60}), torch.arange(120) % 3
+
+
+def test_dirichlet_split_is_seeded_disjoint_and_complete():
+    split, labels = labelled_split()
+    clients = partition_dirichlet(split, labels, 4, 1.0, seed=0)
+    held = [c.indices.tolist() for c in clients]
+    assert sorted(sum(held, [])) == list(range(120))  # every training sample, each to one client
+    assert all(held) and all(c.indices.tolist() == sorted(c.indices.tolist()) for c in clients)
+    assert [c.domains for c in clients] == [tuple(sorted({i // 60 for i in h})) for h in held]
+    again = partition_dirichlet(split, labels, 4, 1.0, seed=0)
+    assert all(torch.equal(a.indices, b.indices) for a, b in zip(clients, again))
+    other = partition_dirichlet(split, labels, 4, 1.0, seed=1)
+    assert any(not torch.equal(a.indices, b.indices) for a, b in zip(clients, other))
+
+
+def test_dirichlet_split_proportions_follow_alpha():
+    split, labels = labelled_split()
+    # a huge alpha draws shares of almost exactly 1/4: every client gets 10 of each class's 40
+    even = partition_dirichlet(split, labels, 4, 1e6, seed=0)
+    assert [[int((labels[c.indices] == label).sum()) for label in range(3)] for c in even] == [[10, 10, 10]] * 4
+    # a tiny alpha gives each class (almost) wholly to one client: 3 classes cannot reach 4 clients
+    with pytest.raises(DataError, match=r"Dirichlet split \(alpha 0.001\) leaves [1-3] of 4 clients without a training "
+                                        r"sample .*raise dirichlet_alpha"):
+        partition_dirichlet(split, labels, 4, 1e-3, seed=0)
+
+
+def test_dirichlet_split_refuses_bad_input():
+    split, labels = labelled_split()
+    for alpha in (0.0, -1.0, float("inf")):
+        with pytest.raises(DataError, match="positive, finite alpha"):
+            partition_dirichlet(split, labels, 4, alpha, seed=0)
+    with pytest.raises(DataError, match="needs class labels"):
+        partition_dirichlet(split, labels.float(), 4, 1.0, seed=0)
 
 
 def test_client_sampling_is_seeded_per_round():

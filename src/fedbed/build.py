@@ -36,6 +36,7 @@ from fedbed.data import (
     DataError,
     add_few_shot_target_samples,
     load_dataset,
+    partition_dirichlet,
     partition_domains_per_client,
     partition_lambda_mix,
     partition_one_client_per_domain,
@@ -45,6 +46,7 @@ from fedbed.data import (
 )
 from fedbed.data.augmentation import Augmentation
 from fedbed.data.base import DatasetSpec
+from fedbed.data.splits import DEFAULT_DIRICHLET_ALPHA
 from fedbed.federation.checkpoints import EngineError, saved_global_model
 from fedbed.federation.client_evaluation import ClientEvaluator, holdout_shares
 from fedbed.federation.devices import DeviceError, resolve_device, set_deterministic
@@ -63,7 +65,7 @@ from fedbed.run_directory import CHECKPOINT_NAME, CONFIG_NAME
 from fedbed.seeding import derive_seed
 
 
-def _partitions(config: ExperimentConfig, split, pooled: bool):
+def _partitions(config: ExperimentConfig, split, pooled: bool, labels: torch.Tensor):
     if pooled:
         return partition_pooled(split)
     num_clients = number_of_clients(config, len(split.source_domains), pooled)
@@ -71,6 +73,9 @@ def _partitions(config: ExperimentConfig, split, pooled: bool):
         return partition_domains_per_client(split, num_clients, config.domains_per_client, config.seed)
     if config.partition == "lambda_mix":
         return partition_lambda_mix(split, num_clients, config.mix_lambda, config.seed)
+    if config.partition == "dirichlet":
+        return partition_dirichlet(split, labels, num_clients, config.dirichlet_alpha or DEFAULT_DIRICHLET_ALPHA,
+                                   config.seed)
     return partition_one_client_per_domain(split)
 
 
@@ -218,11 +223,17 @@ class BuiltRun:
         """The dataset's samples at ``indices``, scaled as the run says."""
         return ClientData.from_dataset(self.dataset, indices, self.input_scaling)
 
+    @functools.cached_property
+    def _present_domains(self) -> frozenset[int]:
+        # Looked up once per run: a client's data is checked against it, and scanning the
+        # dataset's domain ids for each of a thousand clients costs seconds (and, between the
+        # clients' allocations, fragments the heap by hundreds of MiB).
+        return frozenset(self.dataset.present_domains())
+
     def missing_domains(self, domains: tuple[int, ...]) -> list[str]:
         """The names of ``domains`` that this machine's data does not hold (data spread over
         machines, :meth:`fedbed.data.DomainDataset.conformed`); empty when it holds them all."""
-        present = set(self.dataset.present_domains())
-        return [self.dataset.domain_names[d] for d in domains if d not in present]
+        return [self.dataset.domain_names[d] for d in domains if d not in self._present_domains]
 
     def require_domains(self, domains: tuple[int, ...], what: str) -> None:
         """Check that this machine holds samples of every one of ``domains`` (ids).
@@ -386,7 +397,7 @@ def build_run(settings: ValidatedConfig | ExperimentConfig) -> BuiltRun:
                                declared, hugging_face_columns(config))
         split = split_leave_one_domain_out(dataset, (config.target,), config.holdout_fraction, config.seed,
                                            present_only=declared is not None)
-        partitions = _partitions(config, split, algorithm.pooled)
+        partitions = _partitions(config, split, algorithm.pooled, dataset.labels)
         ood_indices = split.target
         adaptation_indices = torch.zeros(0, dtype=torch.long)
         if config.protocol == "domain_adaptation" and (declared is None or len(split.target)):  # a site: no target

@@ -162,10 +162,14 @@ class ExperimentConfig(BaseModel):
             seed fixes a GPU run as it fixes a CPU run (README, "Running on a GPU").
         holdout_fraction: id-validation share of every source domain (DomainBed 0.2; hFedF 0.1).
         partition: ``domain`` (one client per source domain), ``domains_per_client`` (hFedF
-            Algorithm 5) or ``lambda_mix`` (FedDG_Benchmark).
-        num_clients: clients for ``domains_per_client`` / ``lambda_mix`` (default: number of sources).
+            Algorithm 5), ``lambda_mix`` (FedDG_Benchmark) or ``dirichlet`` (the Dirichlet label
+            split of the pooled source samples, :func:`fedbed.data.splits.partition_dirichlet`).
+        num_clients: clients for ``domains_per_client`` / ``lambda_mix`` / ``dirichlet`` (default:
+            number of sources).
         domains_per_client: d of hFedF's Algorithm 5.
         mix_lambda: λ of the λ-mix.
+        dirichlet_alpha: α of ``partition: dirichlet`` (smaller: fewer classes per client); unset:
+            0.5 (:data:`fedbed.data.splits.DEFAULT_DIRICHLET_ALPHA`). Applies to that partition only.
         participation_fraction: share of clients sampled each round.
         eval_every: evaluate every this many rounds (and after the last).
         few_shot_per_client: k target samples added to each client's training data (hFedF's
@@ -272,10 +276,11 @@ class ExperimentConfig(BaseModel):
     deterministic: bool | None = None
     client_resources: ClientResources | None = None
     holdout_fraction: float = Field(0.2, gt=0, lt=1)
-    partition: Literal["domain", "domains_per_client", "lambda_mix"] = "domain"
+    partition: Literal["domain", "domains_per_client", "lambda_mix", "dirichlet"] = "domain"
     num_clients: int | None = Field(None, gt=0)
     domains_per_client: int = Field(1, gt=0)
     mix_lambda: float = Field(0.0, ge=0, le=1)
+    dirichlet_alpha: float | None = Field(None, gt=0, allow_inf_nan=False)
     participation_fraction: float = Field(1.0, gt=0, le=1)
     eval_every: int = Field(1, gt=0)
     few_shot_per_client: int = Field(0, ge=0)
@@ -399,6 +404,13 @@ class ExperimentConfig(BaseModel):
                 raise ValueError(f"{setting} applies to protocol: domain_adaptation only")
         if self.protocol == "domain_adaptation" and self.few_shot_per_client:
             raise ValueError("few_shot_per_client (labelled target samples) and protocol: domain_adaptation exclude each other")
+        return self
+
+    @model_validator(mode="after")
+    def _partition_settings(self) -> "ExperimentConfig":
+        if self.dirichlet_alpha is not None and self.partition != "dirichlet":
+            raise ValueError(f"dirichlet_alpha applies to partition: dirichlet only (this run's partition is "
+                             f"{self.partition}); leave it out or set partition: dirichlet")
         return self
 
     @model_validator(mode="after")

@@ -29,6 +29,7 @@ from fedbed.config import (
     validate,
 )
 from fedbed.federation.checkpoints import load_checkpoint
+from fedbed.federation.client_states import ClientStates
 from fedbed.federation.devices import device_description
 from fedbed.federation.engine import (
     EngineError,
@@ -42,6 +43,7 @@ from fedbed.jsonlog import to_json
 from fedbed.provenance import read_starts, record_start, run_sources
 from fedbed.run_directory import (
     CHECKPOINT_NAME,
+    CLIENT_STATES_FOLDER,
     CONFIG_NAME,
     FLOWER_LOGS,
     LOG_NAME,
@@ -72,6 +74,10 @@ __all__ = [
     "run_experiment",
     "validate",
 ]
+
+
+LISTED_CLIENTS = 12
+"""Up to this many clients, a run's first line lists each client's domains; past it, their range."""
 
 
 def recorded_settings(config: ExperimentConfig, model_name: str, hparams: Any) -> dict[str, Any]:
@@ -243,7 +249,8 @@ def run_experiment(config: ExperimentConfig | ValidatedConfig, *, resume: bool =
     run_dir = built.config.resolved_run_dir()
     if overwrite and not resume:
         remove_run(run_dir)
-    clients = InProcessClients(built.trainer(), [built.client_data(k) for k in range(len(built.partitions))])
+    clients = InProcessClients(built.trainer(), [built.client_data(k) for k in range(len(built.partitions))],
+                               ClientStates(len(built.partitions), run_dir / CLIENT_STATES_FOLDER))
     if built.config.id_evaluation == "clients":
         clients.evaluator = built.evaluator()
         clients.holdouts = [built.client_holdout(k) for k in range(len(built.partitions))]
@@ -277,9 +284,12 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
         raise ConfigError(f"cannot resume {run_dir}: it ran on other data (fingerprint {began_on[-1]}) than this "
                           f"resumption reads ({dataset.source}, fingerprint {dataset.fingerprint}); give the data root it used")
     (run_dir / CONFIG_NAME).write_text(yaml.safe_dump(resolved, sort_keys=False))
+    fewest, most = min(len(p.domains) for p in partitions), max(len(p.domains) for p in partitions)
+    holding = ([[dataset.domain_names[d] for d in p.domains] for p in partitions] if len(partitions) <= LISTED_CLIENTS
+               else f"{fewest if fewest == most else f'{fewest}-{most}'} domain(s) each")
     echo(
         f"{built.algorithm.name} on {dataset.name}, target {config.target}: {len(partitions)} client(s) "
-        f"holding {[[dataset.domain_names[d] for d in p.domains] for p in partitions]}, run dir {run_dir}, backend {backend}, "
+        f"holding {holding}, run dir {run_dir}, backend {backend}, "
         f"device {built.context.device}{'' if config.precision in (None, 'fp32') else ', precision ' + config.precision}"
         + ("" if built.warm_start is None else
            f", starting from {built.warm_start[1]['algorithm']}'s model after round {built.warm_start[1]['round']} "

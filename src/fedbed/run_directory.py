@@ -5,6 +5,8 @@ A run folder (``runs/<dataset>/<algorithm>/<target>/seed<seed>`` or a sweep's ``
 - :data:`CONFIG_NAME`: the resolved settings (YAML);
 - :data:`LOG_NAME`: one JSON line per round (clients, drops, losses, telemetry, evaluation);
 - :data:`CHECKPOINT_NAME`: the latest round's strategy and client states (never committed);
+- :data:`CLIENT_STATES_FOLDER`: with many clients, one file per client state that the checkpoint
+  names instead of holding it (:mod:`fedbed.federation.client_states`; never committed);
 - :data:`PROVENANCE_NAME`: one JSON line per start and resumption (the code that ran);
 - :data:`SUMMARY_NAME`: model selection under every rule;
 - :data:`DONE_MARKER`: an empty file marking a finished sweep job;
@@ -23,6 +25,7 @@ from __future__ import annotations
 CONFIG_NAME = "config.yaml"
 LOG_NAME = "rounds.jsonl"
 CHECKPOINT_NAME = "checkpoint.pt"
+CLIENT_STATES_FOLDER = "client-states"
 PROVENANCE_NAME = "provenance.jsonl"
 SUMMARY_NAME = "summary.json"
 DONE_MARKER = "done"

@@ -196,13 +196,15 @@ def own_copy(images: torch.Tensor) -> torch.Tensor:
 
 
 class ImageRows:
-    """Some rows of a memory-mapped images tensor, kept as their indices: what a client's data
-    (:class:`fedbed.federation.local_data.ClientData`) holds of a memory-mapped dataset instead of
-    a copy of its images. Indexing it (a slice, an index tensor, a boolean mask) gathers just those
-    rows into a new ``uint8`` tensor (a batch's copy); :meth:`select` narrows it without reading.
+    """Some rows of a dataset's images tensor, kept as their indices: what a client's data (and
+    every evaluation set, :class:`fedbed.federation.local_data.ClientData`) holds instead of a copy
+    of its images, whether the dataset is memory-mapped (a batch then reads just its rows from the
+    file) or in memory (a thousand clients then cost their indices, not a second copy of the
+    images). Indexing it (a slice, an index tensor, a boolean mask) gathers just those rows into a
+    new ``uint8`` tensor (a batch's copy); :meth:`select` narrows it without reading.
 
     Attributes:
-        source: the whole mapped ``uint8 [N, C, H, W]`` tensor.
+        source: the dataset's whole ``uint8 [N, C, H, W]`` tensor (mapped or in memory).
         rows: ``int64 [n]`` indices into ``source``.
     """
 
@@ -233,12 +235,6 @@ class ImageRows:
     def select(self, key: slice | torch.Tensor) -> "ImageRows":
         """The rows ``key`` selects, still unread."""
         return ImageRows(self.source, self.rows[key])
-
-
-def image_rows(images: torch.Tensor, indices: torch.Tensor) -> torch.Tensor | ImageRows:
-    """The images at ``indices``: their indices (:class:`ImageRows`) when ``images`` is memory-mapped
-    (:func:`mapped_file`), else a copy (``images[indices]``)."""
-    return images[indices] if mapped_file(images) is None else ImageRows(images, indices)
 
 
 def write_image_folders(root: Path, name: str, size: int, target: Path,

@@ -1,17 +1,20 @@
 """Leave-one-domain-out splits, id-validation holdouts, client partitions and client sampling.
 
-Every random choice here is driven by an explicit seed through its own ``torch.Generator``,
-so the same seed gives the same split, partition and sample on any run.
+Every random choice here is driven by an explicit seed through its own ``torch.Generator`` (the
+Dirichlet split: its own ``numpy.random.Generator``, for numpy's Dirichlet draws), so the same
+seed gives the same split, partition and sample on any run.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from fedbed.data.base import DataError, DomainDataset
-from fedbed.seeding import seeded_generator
+from fedbed.seeding import derive_seed, seeded_generator
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,8 @@ def partition_lambda_mix(split: DomainSplit, num_clients: int, mix_lambda: float
     clients whose main domain it is: ``λ = 1`` is a homogeneous split, ``λ = 0`` one domain per client.
 
     Raises:
-        DataError: if ``λ`` lies outside ``[0, 1]`` or ``N`` is smaller than the number of source domains.
+        DataError: if ``λ`` lies outside ``[0, 1]``, ``N`` is smaller than the number of source
+            domains, or a client would receive no sample (too many clients for the data).
     """
     if not 0.0 <= mix_lambda <= 1.0:
         raise DataError(f"mix lambda must lie in [0, 1], got {mix_lambda}")
@@ -174,7 +178,94 @@ def partition_lambda_mix(split: DomainSplit, num_clients: int, mix_lambda: float
             held[k].append(piece)
             if len(piece):
                 domains[k].append(d)
-    return [_client(pieces, ds) for pieces, ds in zip(held, domains)]
+    partitions = [_client(pieces, ds) for pieces, ds in zip(held, domains)]
+    _require_samples_everywhere(partitions, f"the lambda mix (mix_lambda {mix_lambda:g})", "lower num_clients or mix_lambda")
+    return partitions
+
+
+DEFAULT_DIRICHLET_ALPHA = 0.5
+"""α of ``partition: dirichlet`` when ``dirichlet_alpha`` is unset: the default label skew of
+NIID-Bench (Li et al. 2022, "Federated Learning on Non-IID Data Silos: An Experimental Study",
+Sec. 4), also FedMA's (Wang et al. 2020, Sec. 5)."""
+
+
+def _require_samples_everywhere(partitions: list[ClientPartition], what: str, remedy: str) -> None:
+    """Raise a :class:`DataError` naming the clients ``what`` left without a training sample."""
+    empty = [k for k, partition in enumerate(partitions) if partition.indices is not None and not len(partition.indices)]
+    if empty:
+        shown = ", ".join(map(str, empty[:10])) + (", ..." if len(empty) > 10 else "")
+        raise DataError(f"{what} leaves {len(empty)} of {len(partitions)} clients without a training sample (client "
+                        f"{shown}); {remedy}")
+
+
+def dirichlet_cut_points(shares: np.ndarray, count: int) -> np.ndarray:
+    """Where ``count`` shuffled samples are cut so that client ``k`` receives about ``shares[k]``
+    of them: the rounded cumulative shares, ``round(count * (s_0 + ... + s_k))`` for every client
+    but the last, so the pieces are contiguous, disjoint and cover all ``count`` samples.
+
+    Args:
+        shares: ``float [N]`` non-negative, summing to 1 (one Dirichlet draw).
+        count: the number of samples to cut.
+
+    Returns:
+        ``int [N - 1]`` non-decreasing cut points in ``0..count`` (``numpy.split``'s sections).
+    """
+    return np.rint(np.cumsum(shares)[:-1] * count).clip(0, count).astype(np.int64)
+
+
+def partition_dirichlet(split: DomainSplit, labels: torch.Tensor, num_clients: int, alpha: float,
+                        seed: int) -> list[ClientPartition]:
+    """The Dirichlet label split over ``N`` clients: non-identical label distributions whose skew
+    α sets (Hsu, Qi and Brown 2019, "Measuring the Effects of Non-Identical Data Distribution for
+    Federated Visual Classification", Sec. 3, introduced Dirichlet(α) label skew; this is its
+    per-class form of Yurochkin et al. 2019, "Bayesian Nonparametric Federated Learning of Neural
+    Networks", Sec. 5, and Wang et al. 2020, FedMA, used by NIID-Bench and Flower Datasets'
+    ``DirichletPartitioner``).
+
+    The source domains' training samples are pooled; for every class (ascending), its samples are
+    shuffled and a share vector ``p ~ Dirichlet_N(α)`` is drawn, and client ``k`` receives the
+    ``k``-th contiguous piece (:func:`dirichlet_cut_points`: about ``p_k`` of the class). Small α
+    gives each client few classes, large α nearly the same mix of classes everywhere. Domains are
+    not taken into account: a client holds whichever domains its samples come from. Every draw comes
+    from one ``numpy.random.Generator`` seeded from ``seed``, so the same seed gives the same split.
+
+    Args:
+        split: the leave-one-domain-out split (its ``train`` indices are partitioned).
+        labels: ``int64 [n]`` the dataset's class labels (indexed by the split's indices).
+        num_clients: N >= 1.
+        alpha: α > 0, the concentration of each class's Dirichlet draw.
+        seed: the run's seed.
+
+    Raises:
+        DataError: α not positive and finite, N < 1, regression targets (no classes), or a
+            client left without any sample (lower ``num_clients`` or raise α).
+    """
+    if not (math.isfinite(alpha) and alpha > 0):
+        raise DataError(f"the Dirichlet split needs a positive, finite alpha, got {alpha}")
+    if num_clients < 1:
+        raise DataError(f"the Dirichlet split needs at least one client, got {num_clients}")
+    if labels.is_floating_point():
+        raise DataError("the Dirichlet label split needs class labels; this dataset has regression targets: use "
+                        "another partition")
+    pool = torch.cat([split.train[d] for d in split.source_domains])
+    pool_domains = torch.cat([torch.full((len(split.train[d]),), d, dtype=torch.int64) for d in split.source_domains])
+    pool_labels = labels[pool]
+    generator = np.random.default_rng(derive_seed(seed, 15485867))
+    held: list[list[torch.Tensor]] = [[] for _ in range(num_clients)]
+    for label in torch.unique(pool_labels).tolist():
+        members = torch.nonzero(pool_labels == label).flatten().numpy()
+        members = members[generator.permutation(len(members))]
+        shares = generator.dirichlet(np.full(num_clients, alpha))
+        for k, piece in enumerate(np.split(members, dirichlet_cut_points(shares, len(members)))):
+            held[k].append(torch.from_numpy(piece))
+    partitions = []
+    for pieces in held:
+        positions = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int64)
+        partitions.append(ClientPartition(pool[positions].sort().values,
+                                          tuple(sorted(set(pool_domains[positions].tolist())))))
+    _require_samples_everywhere(partitions, f"the Dirichlet split (alpha {alpha:g})",
+                                "lower num_clients or raise dirichlet_alpha")
+    return partitions
 
 
 def split_target_for_adaptation(target: torch.Tensor, adaptation_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,7 +290,10 @@ def split_target_for_adaptation(target: torch.Tensor, adaptation_fraction: float
 
 __all__ = [
     "ClientPartition",
+    "DEFAULT_DIRICHLET_ALPHA",
     "DomainSplit",
+    "dirichlet_cut_points",
+    "partition_dirichlet",
     "partition_domains_per_client",
     "partition_lambda_mix",
     "partition_one_client_per_domain",

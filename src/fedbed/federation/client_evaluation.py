@@ -62,8 +62,12 @@ def evaluation_payloads(models: list[tuple[nn.Module, tuple[int, ...] | None]],
         Per client holding at least one scored domain: read-only arrays
         ``model{j}/<state-dict name>`` of every model ``j`` that counts towards one of its domains
         (the client scores them and sends none back), and config
-        ``model{j}/domains`` (comma-separated domain ids to score it on).
+        ``model{j}/domains`` (comma-separated domain ids to score it on). The arrays are one copy
+        of each model, shared by every payload (a thousand clients do not make a thousand copies;
+        :class:`ClientEvaluator` loads them into its own model and never edits them).
     """
+    copies = [{f"model{j}/{name}": t.detach().clone() for name, t in model.state_dict().items()}
+              for j, (model, _) in enumerate(models)]
     payloads: dict[int, Payload] = {}
     for client, domains in enumerate(client_domains):
         arrays: dict[str, torch.Tensor] = {}
@@ -71,7 +75,7 @@ def evaluation_payloads(models: list[tuple[nn.Module, tuple[int, ...] | None]],
         for j, (model, counted) in enumerate(models):
             scored = [d for d in domains if counted is None or d in counted]
             if scored:
-                arrays.update({f"model{j}/{name}": t.detach().clone() for name, t in model.state_dict().items()})
+                arrays.update(copies[j])
                 config[f"model{j}/domains"] = ",".join(map(str, scored))
         if config:
             payloads[client] = Payload(arrays={}, config=config, read_only_arrays=arrays)

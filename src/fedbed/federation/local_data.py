@@ -1,9 +1,10 @@
 """A client's (or an evaluation set's) samples, kept as stored and turned into model input per batch.
 
 Images stay ``uint8`` in memory (a quarter of float32's size) and are augmented
-(:mod:`fedbed.data.augmentation`) and scaled (:func:`to_model_input`) one batch at a time. Of a
-memory-mapped dataset (:mod:`fedbed.data.images`), a client keeps only the indices of its images
-(:class:`fedbed.data.images.ImageRows`): each batch gathers its own rows from the map.
+(:mod:`fedbed.data.augmentation`) and scaled (:func:`to_model_input`) one batch at a time. A
+client (and an evaluation set) keeps only the indices of its images into the dataset's
+(:class:`fedbed.data.images.ImageRows`), memory-mapped (:mod:`fedbed.data.images`) or in memory:
+each batch gathers its own rows, and no client holds a copy of the images.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 from fedbed.data.augmentation import Augmentation
 from fedbed.data.base import DomainDataset
-from fedbed.data.images import ImageRows, image_rows
+from fedbed.data.images import ImageRows
 from fedbed.federation.devices import HOST, moved_from_host
 from fedbed.seeding import derive_seed
 
@@ -126,9 +127,10 @@ class ClientData(UnlabeledImages):
 
     @classmethod
     def from_dataset(cls, dataset: DomainDataset, indices: torch.Tensor, scaling: str = "imagenet") -> "ClientData":
-        """Select ``indices`` of ``dataset`` (images stay ``uint8``; of a memory-mapped dataset,
-        only their indices are kept, :class:`fedbed.data.images.ImageRows`, and a batch reads its rows)."""
-        return cls(image_rows(dataset.images, indices), dataset.labels[indices], dataset.domains[indices], scaling=scaling)
+        """Select ``indices`` of ``dataset``: its images are not copied, only their indices are kept
+        (:class:`fedbed.data.images.ImageRows`, a view of the dataset's images, mapped or in memory)
+        and a batch gathers its rows; the labels and domain ids (a few bytes a sample) are copied."""
+        return cls(ImageRows(dataset.images, indices), dataset.labels[indices], dataset.domains[indices], scaling=scaling)
 
     def subset(self, mask: torch.Tensor | slice) -> "ClientData":
         """The samples selected by a boolean mask, an index tensor or a slice."""

@@ -20,6 +20,7 @@ import torch
 
 from fedbed.federation.arrays import clip_update
 from fedbed.federation.client_evaluation import ClientEvaluator
+from fedbed.federation.client_states import ClientStates
 from fedbed.federation.local_data import ClientData
 from fedbed.federation.messages import CLIPPING_NORM, FIT_SECONDS, Payload, Reply
 from fedbed.federation.strategy import ClientTrainer
@@ -193,21 +194,24 @@ class InProcessClients(ClientTransport):
 
     Attributes:
         trainer: the client half of the method (one instance, reused by every client).
-        data: training data per client id (index = client id).
-        states: persistent per-client dicts (see :meth:`ClientTrainer.fit`), checkpointed.
+        data: training data per client id (index = client id): views of the dataset's images
+            (:meth:`ClientData.from_dataset`), so a thousand clients hold indices, not images.
+        states: the persistent per-client states (see :meth:`ClientTrainer.fit`), checkpointed:
+            kept only for clients whose method has one, in files in the run folder for many
+            clients (:class:`~fedbed.federation.client_states.ClientStates`; default: in memory).
         evaluator: the client half of id evaluation on clients (``None``: the server evaluates).
         holdouts: each client's id-holdout share, for ``evaluator``.
     """
 
     trainer: ClientTrainer
     data: list[ClientData]
-    states: list[dict[str, Any]] = field(default_factory=list)
+    states: ClientStates | None = None
     evaluator: ClientEvaluator | None = None
     holdouts: list[ClientData] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if not self.states:
-            self.states = [{} for _ in self.data]
+        if self.states is None:
+            self.states = ClientStates(len(self.data))
         self.client_devices = {}
 
     @property
@@ -224,11 +228,12 @@ class InProcessClients(ClientTransport):
         snapshot = PayloadSnapshot(payloads.values())
         outcomes: dict[int, Reply | str] = {}
         for client, payload in payloads.items():
+            state = self.states[client]
             try:
-                outcome: Reply | str = fit_client(self.trainer, handed_to_trainer(payload), self.data[client],
-                                                  self.states[client])
+                outcome: Reply | str = fit_client(self.trainer, handed_to_trainer(payload), self.data[client], state)
             except Exception as error:  # a failing client is dropped from the round, never fatal
                 outcome = f"raised {type(error).__name__}: {error}"
+            self.states.keep(client, state)
             edited = snapshot.restore_edits(payload)
             if edited is not None:
                 outcome = edited if isinstance(outcome, Reply) else f"{outcome}; it also {edited}"
@@ -248,8 +253,8 @@ class InProcessClients(ClientTransport):
                 outcomes[client] = f"raised {type(error).__name__}: {error}"
         return outcomes
 
-    def state_dict(self) -> list[dict[str, Any]]:
-        return self.states
+    def state_dict(self) -> list[dict[str, Any]] | dict[str, Any]:
+        return self.states.state_dict()
 
-    def load_state_dict(self, state: list[dict[str, Any]]) -> None:
-        self.states = state
+    def load_state_dict(self, state: list[dict[str, Any]] | dict[str, Any]) -> None:
+        self.states.load_state_dict(state)
