@@ -172,7 +172,7 @@ def test_settings_validated_where_a_run_was_submitted_are_not_validated_again_by
 
     deployed = received(run_config)
     simulated = validated_settings(ExperimentConfig.model_validate_json(validated.config.model_dump_json()),
-                                   validated.digest)  # make_apps' closure, in a simulation's client actor
+                                   validated.digest)  # cached_run's key, as a client process holds it
     assert calls == []
     for other in (deployed, simulated):
         assert (other.config, other.hparams, other.algorithm.name, other.dataset.name, other.evaluation_protocol) == (

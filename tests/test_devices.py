@@ -169,25 +169,26 @@ def test_every_method_trains_on_cuda_in_mixed_precision(precision, tmp_path):
         assert line["dropped"] == {} and math.isfinite(line["metrics"]["train_loss"]), name
 
 
-def test_client_resources_reach_the_flower_simulation(monkeypatch):
-    """flower-sim hands Ray the config's CPUs and GPU share per client actor (a placement setting)."""
-    import flwr.simulation
+def test_client_resources_reach_the_flower_simulation():
+    """flower-sim hands Ray the config's CPUs and GPU share per client actor (a placement setting),
+    through ``flwr run``'s federation config, which Flower's simulation reads into Ray's settings."""
+    from flwr.simulation.app import _run_simulation_settings
+    from flwr.supercore.utils import simulation_config_from_json
 
-    from fedbed.config import PLACEMENT_SETTINGS
-    from fedbed.flower import simulation
+    from fedbed.config import PLACEMENT_SETTINGS, validate
+    from fedbed.flower.simulation import federation_config
 
-    captured = {}
-
-    def fake_run_simulation(*, server_app, client_app, num_supernodes, backend_config):
-        captured.update(backend_config)
-        raise RuntimeError("stopped before starting Ray")
-
-    monkeypatch.setattr(flwr.simulation, "run_simulation", fake_run_simulation)
     config = ExperimentConfig(rounds=1, local_steps=1, client_resources={"cpus": 2, "gpus": 0.25})
-    with pytest.raises(Exception, match="stopped before starting Ray"):
-        simulation.run_flower_simulation(config, echo=lambda *_: None, cpus=2)
-    assert captured["client_resources"] == {"num_cpus": 2.0, "num_gpus": 0.25}
-    assert captured["init_args"]["num_gpus"] == torch.cuda.device_count()
+    entries = federation_config(validate(config), cpus=2)
+    # As flwr run --federation-config parses them, and flwr-simulation hands them to Ray.
+    nodes, backend, ray_settings, _, _ = _run_simulation_settings(
+        simulation_config_from_json({key.replace("-", "_"): value for key, value in entries.items()}))
+    assert (nodes, backend) == (validate(config).num_clients, "ray")
+    assert ray_settings["client_resources"] == {"num_cpus": 2, "num_gpus": 0.25}
+    assert ray_settings["init_args"]["num_cpus"] == 2
+    assert ray_settings["init_args"]["num_gpus"] == torch.cuda.device_count()
+    with pytest.raises(ConfigError, match="whole number of CPUs"):
+        federation_config(validate(ExperimentConfig(client_resources={"cpus": 0.5})))
     assert "client_resources" in PLACEMENT_SETTINGS
     with pytest.raises(ConfigError, match="client_resources"):
         ExperimentConfig(client_resources={"gpus": -1})

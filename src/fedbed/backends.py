@@ -80,7 +80,9 @@ def run_on_backend(config: ExperimentConfig | ValidatedConfig, backend: str, *, 
         TransportError: a Flower run failed (its subclass :class:`fedbed.flower.common.FlowerError`).
     """
     from fedbed.experiment import remove_run
+    from fedbed.federation import phase_timings
 
+    phase_timings.record_process_start("launcher")
     check_backend_options(backend, resume=resume, overwrite=overwrite, tls=tls)
     # With overwrite nothing is deleted for a run that cannot start: the settings are checked first.
     validated = check_before_running(config, backend, resume=resume, check_folder=not overwrite)

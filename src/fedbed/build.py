@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,7 @@ from fedbed.data.splits import DEFAULT_DIRICHLET_ALPHA
 from fedbed.federation.checkpoints import EngineError, saved_global_model
 from fedbed.federation.client_evaluation import ClientEvaluator, holdout_shares
 from fedbed.federation.devices import DeviceError, resolve_device, set_deterministic
+from fedbed.federation import phase_timings
 from fedbed.federation.engine import (
     DEFAULT_UPDATE_NORM_FACTOR,
     Federation,
@@ -261,7 +263,8 @@ class BuiltRun:
             ConfigError: this machine does not hold the client's domain (data spread over machines).
         """
         self.require_domains(self.partitions[client].domains, f"client {client}")
-        return self.data(self.partitions[client].indices)
+        with phase_timings.timed("data", "client", client=client, what="client data"):
+            return self.data(self.partitions[client].indices)
 
     @functools.cached_property
     def _holdout_shares(self) -> list[torch.Tensor]:
@@ -275,7 +278,8 @@ class BuiltRun:
             ConfigError: this machine does not hold the client's domain (data spread over machines).
         """
         self.require_domains(self.partitions[client].domains, f"client {client}'s id evaluation")
-        return self.data(self._holdout_shares[client])
+        with phase_timings.timed("data", "client", client=client, what="client holdout"):
+            return self.data(self._holdout_shares[client])
 
     def evaluator(self) -> ClientEvaluator:
         """The client half of id evaluation on clients."""
@@ -284,7 +288,8 @@ class BuiltRun:
     def trainer(self):
         """A new instance of the method's client half; under the ``attack`` harness, wrapped so
         that the first ``attacking_clients`` clients misbehave (:mod:`fedbed.federation.faults`)."""
-        trainer = self.algorithm.create_trainer(self.hparams, self.context)
+        with phase_timings.timed("model", "client", what="trainer"):
+            trainer = self.algorithm.create_trainer(self.hparams, self.context)
         if self.config.attack is None:
             return trainer
         return FaultyClientTrainer(trainer, self.config.attack, set(range(self.config.attacking_clients or 1)))
@@ -393,6 +398,7 @@ def build_run(settings: ValidatedConfig | ExperimentConfig) -> BuiltRun:
         declared = config.declared_names()
         if declared is not None and not declared[0]:  # a dataset known by name: its own domains
             declared = (spec.domain_names, declared[1])
+        data_began = time.perf_counter()
         dataset = load_dataset(spec.path or spec.name, resolved.data_root, image_size_of(config, spec), config.channels,
                                declared, hugging_face_columns(config))
         split = split_leave_one_domain_out(dataset, (config.target,), config.holdout_fraction, config.seed,
@@ -412,8 +418,10 @@ def build_run(settings: ValidatedConfig | ExperimentConfig) -> BuiltRun:
                                classifier_dropout=config.classifier_dropout or 0.0)
             return algorithm.wrap_model(base, hparams)
 
+        phase_timings.record("data", time.perf_counter() - data_began, what="run")
         torch.manual_seed(derive_seed(config.seed, 0))
-        initial_model = model_factory()
+        with phase_timings.timed("model", what="initial model"):
+            initial_model = model_factory()
     except (DataError, ModelError) as error:
         raise ConfigError(str(error)) from None
     budget = TrainingBudget(config.batch_size, config.local_epochs, config.local_steps)

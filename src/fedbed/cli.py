@@ -202,6 +202,24 @@ def flower_app(
     typer.echo(f"submit it with: flwr run {folder} <federation> --stream")
 
 
+@app.command("flower-clientapp")
+def flower_clientapp(
+    runtime_api_address: Annotated[str, typer.Option(
+        help="HOST:PORT of the SuperNode's Runtime API (its --host and --port; the SuperNode started with --isolation process).",
+    )],
+) -> None:
+    """Run FedBed's ClientApp for one SuperNode as one long-running process: it takes each of
+    the SuperNode's messages and runs it here, so the site builds its data and model once per
+    run (Flower's own flwr-clientapp starts a process per message). Stops when the SuperNode does."""
+    from fedbed.flower.clientapp_process import serve
+    from fedbed.flower.common import FlowerError
+
+    try:
+        serve(runtime_api_address, echo=typer.echo)
+    except FlowerError as error:
+        fail(str(error))
+
+
 @app.command()
 def datasets(
     paths: Annotated[Optional[list[str]], typer.Argument(

@@ -571,6 +571,12 @@ class ValidatedConfig:
         sent with them to another process (a Flower app) so that it does not validate them again."""
         return settings_digest(self.config)
 
+    @property
+    def num_clients(self) -> int:
+        """The run's number of clients (:func:`number_of_clients` of the dataset's source
+        domains), known without reading any data."""
+        return number_of_clients(self.config, len(self.dataset.domain_names) - 1, self.algorithm.pooled)
+
     def with_run_dir(self, run_dir: Path) -> "ValidatedConfig":
         """The same validated run writing to ``run_dir`` (where a run writes is checked with its
         folder, :func:`fedbed.backends.check_before_running`, not by :func:`validate`)."""

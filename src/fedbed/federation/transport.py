@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from fedbed.federation import phase_timings
 from fedbed.federation.arrays import clip_update
 from fedbed.federation.client_evaluation import ClientEvaluator
 from fedbed.federation.client_states import ClientStates
@@ -55,6 +56,8 @@ def fit_client(trainer: ClientTrainer, payload: Payload, data: ClientData, state
     if CLIPPING_NORM in payload.config:
         reply.arrays = clip_update(reply.arrays, payload.arrays, float(payload.config[CLIPPING_NORM]))[0]
     reply.metrics[FIT_SECONDS] = seconds
+    phase_timings.record("training", seconds, role="client", client=payload.config.get("client"),
+                         round=payload.config.get("round"))
     return reply
 
 

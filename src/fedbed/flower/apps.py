@@ -15,9 +15,9 @@ keeps its persistent client state (SCAFFOLD's control variate, FedSR's priors, .
 ``context.state``, which never leaves the node. Messages carry only parameters and scalar
 metrics (:mod:`fedbed.flower.records`).
 
-The experiment config reaches the apps as JSON: through a closure for the simulation engine
-(:func:`make_apps`), through the run config keys ``fedbed.<setting>`` for ``flwr run``
-(the module-level ``server_app`` and ``client_app``). The settings travel already validated: the
+The experiment config reaches the apps (the module-level ``server_app`` and ``client_app``,
+which ``flwr run`` loads on both Flower backends) as the run config keys ``fedbed.<setting>``.
+The settings travel already validated: the
 process that submits the run validated them once (:func:`fedbed.config.validate`), and they
 carry its marker, their digest (:attr:`fedbed.config.ValidatedConfig.digest`; the run config key
 :data:`VALIDATED_KEY`). Each app process, on this machine or another, parses them and, when the
@@ -47,11 +47,11 @@ from fedbed.build import BuiltRun, build_run
 from fedbed.config import (
     ConfigError,
     ExperimentConfig,
-    ValidatedConfig,
     config_from_mapping,
     validated_settings,
 )
 from fedbed.experiment import execute_run
+from fedbed.federation import phase_timings
 from fedbed.federation.checkpoints import EngineError
 from fedbed.federation.devices import HOST
 from fedbed.federation.messages import Payload, Reply
@@ -97,9 +97,12 @@ PARTITION_ID = "partition-id"
 @functools.lru_cache(maxsize=2)
 def cached_run(config_json: str, digest: str | None = None) -> BuiltRun:
     """The run of an experiment config (JSON), built once per process (building loads the
-    dataset): Flower's simulation engine keeps its ClientApp actors alive across rounds, so they
-    build it once; a deployed SuperNode starts a new ClientApp process for every message (Flower's
-    subprocess isolation), which builds it again.
+    dataset), the run's identity (its settings and their digest) the key: Flower's simulation
+    engine keeps its ClientApp actors alive across the run, and FedBed's deployments run each
+    SuperNode's messages in one long-running process (:mod:`fedbed.flower.clientapp_process`), so
+    each builds it once, on its first message, and each client's share once (``_client``);
+    only under Flower's own per-message ClientApp processes (a SuperNode started with
+    ``--isolation subprocess``) is it built again for every message.
 
     Args:
         config_json: the settings.
@@ -165,12 +168,15 @@ def client_train(message: Message, context: Context, config_json: str, digest: s
     The reply carries the trained arrays and the metrics (``num_examples`` among them) and
     nothing else; the client's persistent state stays in ``context.state``.
     """
+    phase_timings.record_process_start("client")
     client = client_id_of(context)
-    trainer, data = _client(config_json, client, digest)
-    state = _load_state(context)
-    reply = fit_client(trainer, payload_from_records(message.content), data, state)
-    _save_state(context, state)
-    return Message(reply_to_records(reply, trained_on(trainer)), reply_to=message)
+    with phase_timings.timed("handling", "client", client=client, message_id=message.metadata.message_id,
+                             message_type="train"):
+        trainer, data = _client(config_json, client, digest)
+        state = _load_state(context)
+        reply = fit_client(trainer, payload_from_records(message.content), data, state)
+        _save_state(context, state)
+        return Message(reply_to_records(reply, trained_on(trainer)), reply_to=message)
 
 
 def client_evaluate(message: Message, context: Context, config_json: str, digest: str | None = None) -> Message:
@@ -181,12 +187,18 @@ def client_evaluate(message: Message, context: Context, config_json: str, digest
     domain; see :func:`fedbed.federation.evaluation.metric_statistics`), never a sample or its
     prediction.
     """
-    evaluator, holdout = _client_evaluation(config_json, client_id_of(context), digest)
-    return Message(reply_to_records(evaluator.evaluate(payload_from_records(message.content), holdout)), reply_to=message)
+    phase_timings.record_process_start("client")
+    client = client_id_of(context)
+    with phase_timings.timed("handling", "client", client=client, message_id=message.metadata.message_id,
+                             message_type="evaluate"):
+        evaluator, holdout = _client_evaluation(config_json, client, digest)
+        return Message(reply_to_records(evaluator.evaluate(payload_from_records(message.content), holdout)),
+                       reply_to=message)
 
 
 def client_query(message: Message, context: Context) -> Message:
     """Tell the server which FedBed client this node is (Flower's ``query`` message)."""
+    phase_timings.record_process_start("client")
     return Message(RecordDict({"node": ConfigRecord({PARTITION_ID: client_id_of(context)})}), reply_to=message)
 
 
@@ -338,6 +350,7 @@ class FlowerClients(ClientTransport):
         # 3 s: a round trip costs Flower's latency only once. The grid stamps each sent message
         # with its id; a reply names the message it answers (an error reply for a lost node comes
         # from the SuperLink, not from the node).
+        pushed_at = time.time()
         self.grid.push_messages(list(sent.values()))
         client_of = {message.metadata.message_id: client for client, message in sent.items()}
         pending, deadline = set(client_of), time.monotonic() + self.round_timeout
@@ -347,6 +360,8 @@ class FlowerClients(ClientTransport):
                 if client is None:
                     continue
                 pending.discard(reply.metadata.reply_to_message_id)
+                phase_timings.record("exchange", time.time() - pushed_at, pushed_at, "server", client=client,
+                                     message_id=reply.metadata.reply_to_message_id, message_type=message_type)
                 outcomes[client] = (f"its SuperNode returned an error: {reply.error.reason}" if reply.has_error()
                                     else reply_from_records(reply.content))
                 if not reply.has_error() and message_type == "train" and reply_device(reply.content) is not None:
@@ -365,6 +380,7 @@ def server_main(grid: Grid, config_json: str, backend: str, progress: bool = Fal
     directory; return the summary (as :func:`fedbed.experiment.run_experiment`). With
     ``round_lines``, each round is also said in one line through ``echo``
     (:func:`fedbed.federation.run_log.round_line`): for logs that show no progress bar."""
+    phase_timings.record_process_start("server")
     built = cached_run(config_json, digest)
     clients = FlowerClients(grid, len(built.partitions), round_timeout=round_timeout, discovery_timeout=discovery_timeout,
                             echo=echo, site_keys=site_keys)
@@ -391,31 +407,6 @@ def _server_log(line: str) -> None:
     """One line of the deployed ServerApp through Flower's logger, which Flower forwards to
     ``flwr run --stream`` and ``flwr log`` (lines starting ``warning:`` at WARNING, others at INFO)."""
     flower_log(WARNING if line.startswith("warning:") else INFO, line)
-
-
-def make_apps(validated: ValidatedConfig, backend: str, outcome: dict[str, Any], progress: bool = False,
-              echo: Callable[..., Any] = print) -> tuple[ServerApp, ClientApp]:
-    """A ServerApp and a ClientApp for one run, its validated settings captured by closure (as
-    JSON with their digest, for Flower's simulation engine, whose client actors are other
-    processes: they do not validate them again); the ServerApp puts the summary into
-    ``outcome["summary"]``."""
-    config_json, digest = validated.config.model_dump_json(), validated.digest
-    server, client = ServerApp(), ClientApp()
-
-    @server.main()
-    def _main(grid: Grid, context: Context) -> None:
-        outcome["summary"] = server_main(grid, config_json, backend, progress, echo, digest=digest)
-
-    @client.train()
-    def _train(message: Message, context: Context) -> Message:
-        return client_train(message, context, config_json, digest)
-
-    @client.evaluate()
-    def _evaluate(message: Message, context: Context) -> Message:
-        return client_evaluate(message, context, config_json, digest)
-
-    client.query()(client_query)
-    return server, client
 
 
 server_app = ServerApp()

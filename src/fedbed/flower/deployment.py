@@ -33,7 +33,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from fedbed.build import build_run
 from fedbed.config import ConfigError, ExperimentConfig, ValidatedConfig, as_validated
 from fedbed.flower.apps import (
     BACKEND_KEY,
@@ -44,10 +43,13 @@ from fedbed.flower.apps import (
     VALIDATED_KEY,
     settings_as_run_config,
 )
+from fedbed.federation import phase_timings
 from fedbed.flower.common import OFFLINE_ENVIRONMENT, FlowerError, key_fingerprint
 from fedbed.run_directory import FLOWER_LOGS, SUMMARY_NAME
 
 CONNECTION = "fedbed"
+SUPEREXEC_POLL_VARIABLE = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+"""Flower's setting of how often a SuperExec asks for a task to launch, in seconds (1 by default)."""
 
 
 def free_port() -> int:
@@ -240,39 +242,53 @@ def _fingerprint_of_file(path: Path) -> str:
 
 class Processes:
     """Processes started for one deployment, each in its own session so that its children
-    (Flower's ServerApp and ClientApp subprocesses) are stopped with it."""
+    (Flower's ServerApp and ClientApp subprocesses) are stopped with it; a process started
+    ``beside`` another is stopped with that one (a SuperNode's long-running ClientApp process,
+    :mod:`fedbed.flower.clientapp_process`)."""
 
     def __init__(self, log_dir: Path, environment: dict[str, str]) -> None:
         self.log_dir, self.environment = log_dir, environment
         self.started: dict[str, subprocess.Popen] = {}
+        self.companions: dict[str, list[subprocess.Popen]] = {}
 
-    def start(self, name: str, command: list[str]) -> subprocess.Popen:
+    def start(self, name: str, command: list[str], beside: str | None = None) -> subprocess.Popen:
         log = (self.log_dir / f"{name}.log").open("w")
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.environment,
                                    start_new_session=True, cwd=self.log_dir)
-        self.started[name] = process
+        if beside is None:
+            self.started[name] = process
+        else:
+            self.companions.setdefault(beside, []).append(process)
         return process
 
     def stop(self, name: str) -> None:
-        """Stop one process and its children: SIGTERM to its group, SIGKILL after 10 s."""
-        process = self.started[name]
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        with contextlib.suppress(ProcessLookupError):  # children left behind in the group
-            os.killpg(process.pid, signal.SIGKILL)
+        """Stop one process, the processes started beside it and their children: SIGTERM to
+        their groups, SIGKILL after 10 s."""
+        self._stop([self.started[name], *self.companions.get(name, [])])
 
     def stop_all(self) -> None:
-        for name in reversed(list(self.started)):
-            self.stop(name)
+        """Stop every process (all asked at once, the last started first), as :meth:`stop`."""
+        self._stop([member for name in reversed(list(self.started))
+                    for member in (self.started[name], *self.companions.get(name, []))])
+
+    @staticmethod
+    def _stop(members: list[subprocess.Popen]) -> None:
+        for member in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(member.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for member in members:
+            try:
+                member.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(member.pid, signal.SIGKILL)
+                member.wait()
+            with contextlib.suppress(ProcessLookupError):  # children left behind in the group
+                os.killpg(member.pid, signal.SIGKILL)
 
     def pids(self) -> list[int]:
-        return [p.pid for p in self.started.values()]
+        return [p.pid for p in self.started.values()] + [p.pid for group in self.companions.values() for p in group]
 
 
 def last_lines(log: Path, count: int = 3) -> str:
@@ -308,13 +324,18 @@ def _wait_for_port(port: int, process: subprocess.Popen, what: str, log: Path, t
 
 @contextlib.contextmanager
 def local_federation(num_clients: int, work_dir: Path, tls: bool = False, data_roots: list[Path] | None = None,
-                     ) -> Iterator[tuple[Processes, dict[str, str]]]:
-    """Start a SuperLink and ``num_clients`` SuperNodes on 127.0.0.1 (partition-id 0..N-1); yield
-    the processes and the environment for ``flwr`` (private ``FLWR_HOME`` holding the connection);
-    stop every process on exit, also on Ctrl-C and on failure.
+                     simulation: bool = False) -> Iterator[tuple[Processes, dict[str, str]]]:
+    """Start a SuperLink and ``num_clients`` SuperNodes on 127.0.0.1 (partition-id 0..N-1), each
+    SuperNode with its long-running ClientApp process beside it (``--isolation process``,
+    :mod:`fedbed.flower.clientapp_process`: the site builds its data and model once per run);
+    yield the processes and the environment for ``flwr`` (private ``FLWR_HOME`` holding the
+    connection); stop every process on exit, also on Ctrl-C and on failure.
 
     Args:
         num_clients: SuperNodes to start.
+        simulation: a SuperLink that runs each submitted run on Flower's simulation engine
+            (``--simulation``, as ``flwr run`` against a local simulation federation: Ray actors
+            in place of SuperNodes); give ``num_clients`` 0.
         work_dir: logs, ``FLWR_HOME``, certificates and the sites' keys go here.
         tls: generate a self-signed CA and certificates at start-up and use them, and admit
             only registered SuperNodes: the SuperLink runs with ``--enable-supernode-auth``, each
@@ -334,7 +355,9 @@ def local_federation(num_clients: int, work_dir: Path, tls: bool = False, data_r
     # The SuperLink and the SuperNodes start flower-superexec, flwr-serverapp and flwr-clientapp by
     # name: the running environment's bin/ comes first on their PATH, activated or not (cron,
     # systemd and pipx call the fedbed script by its full path without activating anything).
-    environment = {**os.environ, **OFFLINE_ENVIRONMENT, "FLWR_HOME": str(home),
+    # The SuperLink's SuperExec asks for the ServerApp's (or the simulation's) task every 0.1 s,
+    # not every second.
+    environment = {SUPEREXEC_POLL_VARIABLE: "0.1", **os.environ, **OFFLINE_ENVIRONMENT, "FLWR_HOME": str(home),
                    "PATH": os.pathsep.join([str(bin_dir), *filter(None, [os.environ.get("PATH")])])}
     port = free_port()  # Flower 1.41 serves the Fleet, Control and Runtime APIs over one HTTP port
     security = ["--insecure"]
@@ -351,11 +374,13 @@ def local_federation(num_clients: int, work_dir: Path, tls: bool = False, data_r
     )
     processes = Processes(work_dir, environment)
     try:
+        began = time.perf_counter()
         link = processes.start("superlink", [
-            str(bin_dir / "flower-superlink"), *security, "--isolation", "subprocess",
-            "--host", "127.0.0.1", "--port", str(port),
+            str(bin_dir / "flower-superlink"), *security, *(["--simulation"] if simulation else []),
+            "--isolation", "subprocess", "--host", "127.0.0.1", "--port", str(port),
         ])
         _wait_for_port(port, link, "flower-superlink", work_dir / "superlink.log")
+        phase_timings.record("federation_start", time.perf_counter() - began, role="launcher", what="superlink")
         key_flags: list[list[str]] = [[] for _ in range(num_clients)]
         if tls:  # every site's key registered (concurrently: each registration is a flwr process) before any starts
             pairs = site_key_pairs(work_dir / "site-keys", num_clients)
@@ -367,11 +392,21 @@ def local_federation(num_clients: int, work_dir: Path, tls: bool = False, data_r
             if data_roots is not None:
                 node_environment["FEDBED_DATA"] = str(data_roots[client])
             processes.environment = node_environment
+            # Each SuperNode serves its own Runtime API (where its ClientApp process connects) on
+            # its own port: two on one port, the second exits.
+            runtime_port = free_port()
             processes.start(f"supernode-{client}", [
                 str(bin_dir / "flower-supernode"), *node_security, *key_flags[client], "--superlink", f"127.0.0.1:{port}",
                 "--node-config", f"partition-id={client} num-partitions={num_clients}",
-                "--isolation", "subprocess", "--host", "127.0.0.1", "--port", str(free_port()),
+                "--isolation", "process", "--host", "127.0.0.1", "--port", str(runtime_port),
             ])
+            # The sites share this machine's cores: each trains on its share of them (unless the
+            # caller set OMP_NUM_THREADS), rather than all on all of them.
+            processes.environment = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // num_clients)),
+                                     **node_environment}
+            processes.start(f"clientapp-{client}", [
+                sys.executable, "-m", "fedbed", "flower-clientapp", "--runtime-api-address", f"127.0.0.1:{runtime_port}",
+            ], beside=f"supernode-{client}")
         processes.environment = environment
         yield processes, environment
     finally:
@@ -410,7 +445,7 @@ def run_flower_deployment(config: ExperimentConfig | ValidatedConfig, *, tls: bo
     """
     validated = as_validated(config).with_absolute_paths()
     config = validated.config
-    num_clients = len(build_run(validated).partitions)
+    num_clients = validated.num_clients  # no data read here: the ServerApp and each site read their own
     if site_data_roots is not None and (config.data_root is not None or len(site_data_roots) != num_clients):
         raise ConfigError(f"site_data_roots needs one data root per client ({num_clients}) and no data_root in the config "
                           "(each process reads its own $FEDBED_DATA)")
@@ -443,15 +478,36 @@ def _deploy(config: ExperimentConfig, app: Path, num_clients: int, work_dir: Pat
             site_data_roots: list[Path] | None) -> dict[str, Any]:
     """Start the local federation, run the app on it with ``flwr run`` and return the summary."""
     with local_federation(num_clients, work_dir, tls=tls, data_roots=site_data_roots) as (_, environment):
-        command = [str(Path(sys.executable).parent / "flwr"), "run", str(app), CONNECTION, "--stream"]
         echo(f"flower-deployment: SuperLink and {num_clients} SuperNodes on 127.0.0.1{' with TLS, registered sites only' if tls else ''}; logs in {work_dir}")
-        try:
-            finished = subprocess.run(command, env=environment, cwd=work_dir, timeout=timeout,
-                                      stdout=None if progress else subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        except subprocess.TimeoutExpired:
-            raise FlowerError(f"the Flower run did not finish within {timeout:.0f} s; logs in {work_dir}") from None
-        if not summary_path.exists():
-            tail = (finished.stdout or "").strip().splitlines()[-5:]
-            raise FlowerError(f"the Flower run ended (flwr exit code {finished.returncode}) without a summary; "
-                              f"logs in {work_dir}; last lines: {' | '.join(tail)}")
+        return submit_run(app, environment, work_dir, progress, timeout, summary_path)
+
+
+def submit_run(app: Path, environment: dict[str, str], work_dir: Path, progress: bool, timeout: float, summary_path: Path,
+               federation_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Submit the Flower App folder ``app`` to the local federation's SuperLink with ``flwr run
+    --stream`` (``environment`` from :func:`local_federation`), wait for the run to end and return
+    the summary the ServerApp wrote to ``summary_path``.
+
+    Args:
+        progress: show ``flwr``'s stream (the ServerApp's log) instead of keeping it.
+        timeout: seconds the run may take.
+        federation_config: ``flwr run --federation-config`` entries (a simulation's
+            ``num-supernodes``, its Ray resources).
+
+    Raises:
+        FlowerError: the run did not end within ``timeout``, or ended without a summary (the
+            last lines of ``flwr``'s output are quoted).
+    """
+    command = [str(Path(sys.executable).parent / "flwr"), "run", str(app), CONNECTION, "--stream"]
+    if federation_config:
+        command += ["--federation-config", " ".join(f"{key}={toml_value(value)}" for key, value in federation_config.items())]
+    try:
+        finished = subprocess.run(command, env=environment, cwd=work_dir, timeout=timeout,
+                                  stdout=None if progress else subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    except subprocess.TimeoutExpired:
+        raise FlowerError(f"the Flower run did not finish within {timeout:.0f} s; logs in {work_dir}") from None
+    if not summary_path.exists():
+        tail = (finished.stdout or "").strip().splitlines()[-5:]
+        raise FlowerError(f"the Flower run ended (flwr exit code {finished.returncode}) without a summary; "
+                          f"logs in {work_dir}; last lines: {' | '.join(tail)}")
     return json.loads(summary_path.read_text())

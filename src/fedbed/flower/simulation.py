@@ -1,74 +1,103 @@
 """Run one FedBed job on Flower's simulation engine (``flower-sim``, Ray): one virtual SuperNode
-per client, the same ServerApp and ClientApp as a real deployment (:mod:`fedbed.flower.apps`)."""
+per client, the same ServerApp and ClientApp as a real deployment (:mod:`fedbed.flower.apps`).
+
+The job goes the way Flower 1.41 documents for simulations (its ``run_simulation`` is deprecated
+in favour of ``flwr run``): a SuperLink in simulation mode on 127.0.0.1 (``flower-superlink
+--simulation``, on a free port, with a private ``FLWR_HOME``; :func:`fedbed.flower.deployment.local_federation`)
+and ``flwr run`` of the job's Flower App (:func:`fedbed.flower.deployment.write_app`) with the
+federation's size and Ray's resources as ``--federation-config``. The SuperLink starts
+``flwr-simulation``, which runs the ServerApp and keeps one Ray actor per CPU share for the
+ClientApps; an actor lives through the run and serves many clients, building the run's data once
+(:func:`fedbed.flower.apps.cached_run`) and each client's share once.
+"""
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import os
+import tempfile
+from pathlib import Path
 from typing import Any, Callable
 
 from fedbed.config import (
     ClientResources,
+    ConfigError,
     ExperimentConfig,
     ValidatedConfig,
     as_validated,
 )
 from fedbed.federation.devices import gpu_count
-from fedbed.flower.common import OFFLINE_ENVIRONMENT, FlowerError
+from fedbed.flower.common import FlowerError
+from fedbed.run_directory import SUMMARY_NAME
 
 
-def _run_simulation_notice(record: logging.LogRecord) -> bool:
-    """A logging filter dropping Flower 1.41's notice that ``run_simulation`` is deprecated in
-    favour of ``flwr run``: FedBed calls it in-process on purpose (one process, the apps built
-    from a closure), and ``fedbed run --backend flower-deployment`` is its ``flwr run`` path."""
-    return "`run_simulation` function is deprecated" not in record.getMessage()
+def federation_config(validated: ValidatedConfig, cpus: int | None = None) -> dict[str, Any]:
+    """The ``flwr run --federation-config`` entries of a simulation of ``validated``: one virtual
+    SuperNode per client, Ray on ``cpus`` CPUs (default: all cores) and as many GPUs as this
+    machine has when clients get a share of one, each client actor with the config's
+    ``client_resources`` (one CPU each by default), no Ray worker output in the driver's log.
+
+    Raises:
+        ConfigError: ``client_resources.cpus`` is not a whole number (Flower 1.41's federation
+            config takes whole CPUs per client actor).
+    """
+    resources = validated.config.client_resources or ClientResources()
+    if resources.cpus != int(resources.cpus):
+        raise ConfigError(f"client_resources.cpus must be a whole number of CPUs on flower-sim (Flower's federation "
+                          f"config takes whole CPUs per client actor), got {resources.cpus:g}")
+    return {
+        "num-supernodes": validated.num_clients,
+        "backend": "ray",
+        "client-resources-num-cpus": int(resources.cpus),
+        "client-resources-num-gpus": float(resources.gpus),
+        "init-args-num-cpus": int(cpus or os.cpu_count() or 1),
+        "init-args-num-gpus": gpu_count() if resources.gpus else 0,
+        "init-args-log-to-driver": False,
+    }
 
 
 def run_flower_simulation(config: ExperimentConfig | ValidatedConfig, *, progress: bool = False, echo: Callable[..., Any] = print,
-                          cpus: int | None = None) -> dict[str, Any]:
-    """Run ``config`` on Flower's simulation engine (Ray): one virtual SuperNode per client,
-    one CPU per client actor; return the summary (as :func:`fedbed.experiment.run_experiment`).
+                          cpus: int | None = None, work_dir: Path | None = None, timeout: float = 86400.0) -> dict[str, Any]:
+    """Run ``config`` on Flower's simulation engine (Ray): one virtual SuperNode per client, one
+    CPU per client actor; return the summary (as :func:`fedbed.experiment.run_experiment`).
 
     Args:
         config: the run: validated settings (:func:`fedbed.config.validate`, as
             :func:`fedbed.backends.run_on_backend` hands them), or a config, validated here; the
-            apps receive them validated and do not validate them again.
-        progress: show the engine's progress bar.
+            apps receive them with their digest and do not validate them again.
+        progress: show ``flwr``'s stream of the ServerApp's log.
         echo: where one-line messages go.
         cpus: CPUs Ray may use (default: all cores); client actors = ``cpus`` / the config's
             ``client_resources.cpus`` (one CPU each by default), each with its
             ``client_resources.gpus`` share of a GPU (Ray then sees this machine's GPUs).
+        work_dir: the SuperLink's logs and ``FLWR_HOME`` (default: a temporary folder).
+        timeout: seconds the run may take.
 
     Raises:
-        ConfigError: invalid settings, or data spread over machines missing a domain here.
-        fedbed.flower.common.FlowerError: the simulation ended without a result (the cause is chained).
+        ConfigError: invalid settings, fractional ``client_resources.cpus``, or data spread over
+            machines missing a domain here (every simulated site reads this machine's data).
+        fedbed.flower.common.FlowerError: the simulation ended without a result; the logs are
+            copied into ``<run_dir>/flower-logs``, which the message names.
     """
+    from fedbed.build import build_run
+    from fedbed.flower.deployment import keep_logs, local_federation, submit_run, write_app
+
     validated = as_validated(config).with_absolute_paths()
-    os.environ.update(OFFLINE_ENVIRONMENT)
-    from flwr.simulation import run_simulation
-
-    from fedbed.flower.apps import cached_run, make_apps
-
-    built = cached_run(validated.config.model_dump_json(), validated.digest)  # the ServerApp's, in this process
-    built.require_every_domain()  # one machine: every simulated site reads this machine's data
-    num_clients = len(built.partitions)
-    outcome: dict[str, Any] = {}
-    server, client = make_apps(validated, "flower-sim", outcome, progress=progress, echo=echo)
-    cpus = cpus or os.cpu_count() or 1
-    resources = validated.config.client_resources or ClientResources()
-    backend_config = {
-        "client_resources": {"num_cpus": resources.cpus, "num_gpus": resources.gpus},
-        "init_args": {"num_cpus": cpus, "num_gpus": gpu_count() if resources.gpus else 0, "include_dashboard": False,
-                      "log_to_driver": False},
-    }
-    flower_log = logging.getLogger("flwr")
-    flower_log.addFilter(_run_simulation_notice)
-    try:
-        run_simulation(server_app=server, client_app=client, num_supernodes=num_clients, backend_config=backend_config)
-    except Exception as error:  # Flower re-raises the ServerApp's exception; keep its message
-        raise FlowerError(f"the Flower simulation failed: {error}") from error
-    finally:
-        flower_log.removeFilter(_run_simulation_notice)
-    if "summary" not in outcome:
-        raise FlowerError("the Flower simulation ended without a result; see Flower's log above")
-    return outcome["summary"]
+    settings = validated.config
+    entries = federation_config(validated, cpus)
+    if settings.declared_names() is not None:  # data spread over machines: this machine must hold every domain
+        build_run(validated).require_every_domain()
+    summary_path = settings.resolved_run_dir() / SUMMARY_NAME
+    summary_path.unlink(missing_ok=True)
+    with contextlib.ExitStack() as stack:
+        if work_dir is None:
+            work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedbed-flower-sim-")))
+        app = write_app(work_dir / "app", validated, backend="flower-sim")
+        try:
+            with local_federation(0, work_dir, simulation=True) as (_, environment):
+                echo(f"flower-sim: {entries['num-supernodes']} simulated SuperNodes on Ray ({entries['init-args-num-cpus']} "
+                     f"CPUs); logs in {work_dir}")
+                return submit_run(app, environment, work_dir, progress, timeout, summary_path, entries)
+        except FlowerError as error:
+            kept = keep_logs(work_dir, settings.resolved_run_dir())
+            raise FlowerError(str(error).replace(str(work_dir), str(kept))) from None
