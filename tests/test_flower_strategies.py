@@ -11,6 +11,7 @@ import json
 import logging
 import re
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -405,6 +406,11 @@ def test_the_readmes_flower_app_runs_with_its_messages_carried_in_this_process(s
     assert printed.startswith("{1: [") and "True" in printed  # PPDG aligned the conflicting updates
     saved = torch.load(tmp_path / "ppdg_model.pt")
     assert set(saved) == set(namespace["make_model"]().state_dict())
+    # Its pyproject.toml names these two apps of app.py (what `flwr run .` loads).
+    project = tomllib.loads(re.search(r"beside it the App's `pyproject.toml`:\n\n```toml\n(.*?)```", text, flags=re.S).group(1))
+    components = project["tool"]["flwr"]["app"]["components"]
+    assert components == {"serverapp": "app:server_app", "clientapp": "app:client_app"}
+    assert isinstance(namespace["server_app"], ServerApp) and isinstance(namespace["client_app"], ClientApp)
 
 
 # ---- FedBed's own trainer on the clients: the same numbers as FedBed's in-process run ----
