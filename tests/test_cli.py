@@ -1,6 +1,7 @@
 """The command line: bad input gives one line, exit code 2, no traceback, nothing written."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -250,3 +251,20 @@ def test_algorithms_show_the_values_a_run_on_a_dataset_uses_and_their_source():
     mcgdm = runner.invoke(app, ["algorithms", "mcgdm", "--dataset", "pacs"])
     assert ("run settings on PACS (its paper's, where a run leaves them unset): rounds=40, local_epochs=1, "
             "batch_size=16, mixstyle=True") in mcgdm.output
+
+
+def test_algorithms_name_the_measured_failures_of_a_methods_defaults_and_their_docs():
+    from fedbed.algorithms import ALGORITHMS
+
+    repository = Path(__file__).resolve().parents[1]
+    for algorithm in ALGORITHMS.values():
+        for dataset, failure in algorithm.measured_failures.items():
+            assert dataset in algorithm.dataset_run_settings or dataset in algorithm.dataset_defaults, (algorithm.name, dataset)
+            cited = re.findall(r"docs/results/[\w.-]+\.md", failure)
+            assert cited and all((repository / path).is_file() for path in cited), (algorithm.name, failure)
+    on_pacs = runner.invoke(app, ["algorithms", "mcgdm", "--dataset", "pacs"])
+    assert "measured failure on PACS: " in on_pacs.output and "docs/results/pacs32-mcgdm.md" in on_pacs.output
+    on_vlcs = runner.invoke(app, ["algorithms", "mcgdm", "--dataset", "vlcs"])
+    assert on_vlcs.exit_code == 0 and "measured failure" not in on_vlcs.output
+    every = runner.invoke(app, ["algorithms"])
+    assert every.output.count("measured failure on PACS: ") == sum("PACS" in a.measured_failures for a in ALGORITHMS.values())

@@ -254,8 +254,9 @@ def algorithms(
 ) -> None:
     """List the registered algorithms with their hyperparameters (the values a run uses and where
     each comes from: the general default, or the paper's value for the dataset), the distributions
-    a random hyperparameter search draws them from, and whether their
-    server only averages (secure aggregation, robust aggregation and differential privacy apply).
+    a random hyperparameter search draws them from, whether their server only averages (secure
+    aggregation, robust aggregation and differential privacy apply), and where their defaults were
+    measured to fail (a model that collapses to one class, and its results doc).
     NAME may be a composed CLIENT+SERVER method."""
     from fedbed.algorithms import ALGORITHMS, AlgorithmError, get_algorithm, resolve_hyperparameters
     from fedbed.data import DataError, dataset_spec
@@ -281,6 +282,9 @@ def algorithms(
         except AlgorithmError:
             space = "none declared (a sweep's hparams.search: random refuses it)"
         typer.echo(f"{'':10s} random search distributions: {space}")
+        for on, failure in algorithm.measured_failures.items():
+            if spec is None or spec.name == on:
+                typer.echo(f"{'':10s} measured failure on {on}: {failure}")
         if spec is None:
             defaults = ", ".join(f"{k}={f.default}" for k, f in algorithm.hyperparameters.model_fields.items())
             typer.echo(f"{'':10s} hyperparameters (general defaults): {defaults}")

@@ -123,6 +123,10 @@ class Algorithm(ABC):
         needs_supervised_clients: the method's server rule reads the loss of each client's
             classifier on its data (FedDG-GA's generalization gap), so clients that train a
             label-free representation are refused beside it.
+        measured_failures: per dataset name, where the method's defaults were measured to fail
+            on it (a model that collapses to one class, or stays below FedAvg by far) and the
+            results doc that shows it; ``fedbed algorithms`` prints each, so a user meets the
+            known defect before the run does.
     """
 
     name: ClassVar[str]
@@ -138,6 +142,7 @@ class Algorithm(ABC):
     server_rule: ClassVar[bool] = False
     server_rule_refusal: ClassVar[str | None] = None
     needs_supervised_clients: ClassVar[bool] = False
+    measured_failures: ClassVar[dict[str, str]] = {}
 
     def wrap_model(self, model: DomainClassifier, hparams: Any) -> DomainClassifier:
         """The model the method trains, built around the protocol's model (unchanged by default;
