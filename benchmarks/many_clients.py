@@ -130,6 +130,7 @@ def main() -> None:
         print(json.dumps(run_one(int(args.one[0]), float(args.one[1]), args, args.run_dir)))
         return
     load_before = os.getloadavg()[0]
+    args.clients = sorted(set(args.clients))  # the first (fewest clients) is the base of the ratios
     configurations = [(n, PARTICIPATION) for n in args.clients]
     most = max(args.clients)
     if most * PARTICIPATION > FIXED_PARTICIPANTS:

@@ -266,5 +266,7 @@ def test_algorithms_name_the_measured_failures_of_a_methods_defaults_and_their_d
     assert "measured failure on PACS: " in on_pacs.output and "docs/results/pacs32-mcgdm.md" in on_pacs.output
     on_vlcs = runner.invoke(app, ["algorithms", "mcgdm", "--dataset", "vlcs"])
     assert on_vlcs.exit_code == 0 and "measured failure" not in on_vlcs.output
+    composed = runner.invoke(app, ["algorithms", "mcgdm+ppdg"])
+    assert "measured failure on PACS: mcgdm: at 32 px from scratch" in composed.output
     every = runner.invoke(app, ["algorithms"])
     assert every.output.count("measured failure on PACS: ") == sum("PACS" in a.measured_failures for a in ALGORITHMS.values())

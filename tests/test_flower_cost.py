@@ -91,3 +91,59 @@ def test_a_process_started_beside_a_supernode_stops_with_it(tmp_path):
     processes.stop_all()
     assert other.poll() is not None
     assert Path(tmp_path / "clientapp-0.log").exists()
+
+
+def test_a_clientapp_process_reports_a_task_that_failed_or_was_interrupted_and_serves_the_next(monkeypatch):
+    """Flower's heartbeat interrupts (SIGINT) a task the SuperNode dropped, and reporting a
+    result can fail: the site's long-running process loses that task only, as Flower's
+    per-message processes would."""
+    import httpx
+
+    from fedbed.flower import clientapp_process
+
+    class Acquired:
+        token = "token"
+
+        def HasField(self, name):  # noqa: N802 (protobuf's name)
+            return name == "task"
+
+    class Control:
+        answers = 3
+
+        def AcquireTask(self, request):  # noqa: N802
+            if self.answers:
+                self.answers -= 1
+                return Acquired()
+            raise httpx.ConnectError("the SuperNode stopped")
+
+        def close(self):
+            pass
+
+    outcomes = [KeyboardInterrupt("heartbeat"), RuntimeError("reply refused"), None]
+    ran = []
+
+    def run_task(address, token, client_app):
+        ran.append(token)
+        outcome = outcomes.pop(0)
+        if outcome is not None:
+            raise outcome
+
+    monkeypatch.setattr(clientapp_process, "_runtime_client", lambda *args: Control())
+    monkeypatch.setattr(clientapp_process, "run_task", run_task)
+    lines = []
+    serve("127.0.0.1:1", echo=lines.append, poll_seconds=0.01, lost_after=0.05)
+    assert len(ran) == 3 and not outcomes
+    assert [line.split("(")[1].split(":")[0] for line in lines[:2]] == ["KeyboardInterrupt", "RuntimeError"]
+    assert lines[-1].endswith("stopping after 3 task(s)")
+
+
+def test_flower_processes_run_in_the_launchers_working_directory(tmp_path, monkeypatch):
+    """So a relative path a run is given (a dataset folder, a tracker's file store) names the same
+    files on the Flower backends as in-process; the logs still go to the log folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "logs").mkdir()
+    processes = Processes(tmp_path / "logs", dict(os.environ))
+    started = processes.start("where", [sys.executable, "-c", "import os; print(os.getcwd())"])
+    started.wait(timeout=60)
+    assert (tmp_path / "logs" / "where.log").read_text().strip() == str(tmp_path.resolve())
+    processes.stop_all()

@@ -97,6 +97,10 @@ def test_a_sweep_starts_each_job_from_the_other_sweeps_run_of_its_own_target(tmp
     with pytest.raises(ConfigError, match="init_from.round: Extra inputs"):
         expand(warm.model_copy(update={"variants": {"v": {"init_from": {"sweep": str(tmp_path), "algorithm": "fedavg",
                                                                          "round": 3}}}}), tmp_path / "warm")
+    # init_from_arrays in base, and a variant without a warm start: refused when the sweep expands.
+    with pytest.raises(ConfigError, match="init_from_arrays says which arrays a warm start reads"):
+        expand(warm.model_copy(update={"base": {**base, "init_from_arrays": "matching"},
+                                       "variants": {**warm.variants, "from_scratch": {}}}), tmp_path / "warm")
 
 
 def test_a_method_with_modules_of_its_own_starts_from_the_shared_arrays_when_asked(source, tmp_path):

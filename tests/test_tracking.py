@@ -308,6 +308,22 @@ def test_a_failing_call_warns_once_and_switches_the_tracker_off(tmp_path, failin
         exporting.finish({"rounds": 2}, tmp_path)
 
 
+def test_the_identity_and_earlier_rounds_are_read_only_for_a_tracker_and_their_failure_is_the_trackers():
+    def unreadable():
+        raise ValueError("sweep.yaml is not YAML")
+
+    RunTracking(None, [].append).begin(unreadable, {}, unreadable)  # no tracker: nothing is read, nothing raised
+    tracker, warnings = Recorder(), []
+    tracking = RunTracking(tracker, warnings.append)
+    tracking.begin(unreadable, {}, lambda: RECORDS)
+    tracking.log_round(RECORDS[1])
+    assert tracker.calls == [("finish", False)] and tracking.tracker is None
+    assert len(warnings) == 1 and "ValueError: sweep.yaml is not YAML" in warnings[0]
+    read = Recorder()
+    RunTracking(read, warnings.append).begin(lambda: IDENTITY, {}, lambda: RECORDS)
+    assert [call[0] for call in read.calls] == ["start", "log_metrics", "log_metrics"]
+
+
 def test_round_metrics_are_the_records_numbers_by_flattened_key():
     record = {"round": 3, "metrics": {"train_loss": 0.5}, "dropped": {"1": "timed out"}, "kept_previous_model": None,
               "alignment": {"cosine": [[1.0, 0.2], [0.2, 1.0]], "conflicting_pairs": 0},

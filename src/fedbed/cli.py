@@ -218,6 +218,9 @@ def flower_clientapp(
         serve(runtime_api_address, echo=typer.echo)
     except FlowerError as error:
         fail(str(error))
+    except KeyboardInterrupt:
+        typer.echo("flower-clientapp: stopped (Ctrl-C)", err=True)
+        raise typer.Exit(130) from None
 
 
 @app.command()

@@ -289,8 +289,10 @@ def expand(spec: SweepSpec, sweep_dir: Path, data_root: Path | str | None = None
             if isinstance(settings.get("init_from"), dict):
                 settings["init_from"] = str(init_run_of(settings["init_from"], target, seed, spec.base.get("data_root"), expanded))
             config = config_from_mapping({**settings, "algorithm": algorithm, "target": target, "seed": seed, "hp": hp})
-            # The warm start's checkpoint is checked when the job runs (it may be made by a sweep still running).
-            resolved = validate(config.model_copy(update={"init_from": None, "init_from_arrays": None}))
+            # The warm start's checkpoint is checked when the job runs (it may be made by a sweep
+            # still running); an init_from_arrays without init_from is refused here.
+            resolved = validate(config if config.init_from is None else
+                                config.model_copy(update={"init_from": None, "init_from_arrays": None}))
             # Two variants (or grid values) that resolve to the same run would share a folder or
             # be told apart only by how they were spelled: refused.
             computed = json.dumps({**config.model_dump(mode="json", exclude=set(PLACEMENT_SETTINGS) | {"hp"}),

@@ -353,22 +353,38 @@ class RunTracking:
         try:
             getattr(tracker, action)(*arguments)
         except Exception as error:
-            self.tracker = None
-            if action != "finish":
-                try:
-                    tracker.finish(False)
-                except Exception:  # noqa: BLE001  (the tracker is broken already; its first error is the one told)
-                    pass
-            reason = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
-            if self.warn is None:
-                raise TrackingError(f"the {tracker.name} tracker failed ({reason})") from error
-            self.warn(f"warning: the {tracker.name} tracker failed ({reason}); it is off for the rest of this run, "
-                      "which goes on (its records stay complete in the run folder: `fedbed export` sends them again)")
+            self._failed(tracker, action, error)
 
-    def begin(self, identity: RunIdentity, settings: dict[str, Any], earlier_rounds: Iterable[dict[str, Any]] = ()) -> None:
+    def _failed(self, tracker: Tracker, action: str, error: Exception) -> None:
+        """Switch ``tracker`` off after ``error`` in ``action``: one warning line (live) or a TrackingError."""
+        self.tracker = None
+        if action != "finish":
+            try:
+                tracker.finish(False)
+            except Exception:  # noqa: BLE001  (the tracker is broken already; its first error is the one told)
+                pass
+        reason = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+        if self.warn is None:
+            raise TrackingError(f"the {tracker.name} tracker failed ({reason})") from error
+        self.warn(f"warning: the {tracker.name} tracker failed ({reason}); it is off for the rest of this run, "
+                  "which goes on (its records stay complete in the run folder: `fedbed export` sends them again)")
+
+    def begin(self, identity: RunIdentity | Callable[[], RunIdentity], settings: dict[str, Any],
+              earlier_rounds: Iterable[dict[str, Any]] | Callable[[], Iterable[dict[str, Any]]] = ()) -> None:
         """Start the tracked run with its identity and settings, then log ``earlier_rounds``
-        (a resumed run's, or an exported run's records)."""
+        (a resumed run's, or an exported run's records). Either may be given as a function that
+        reads it: it is called only when a tracker is on, and its failure is the tracker's (one
+        warning, the run goes on)."""
         self.started = True
+        tracker = self.tracker
+        if tracker is None:
+            return
+        try:
+            identity = identity() if callable(identity) else identity
+            earlier_rounds = list(earlier_rounds() if callable(earlier_rounds) else earlier_rounds)
+        except Exception as error:
+            self._failed(tracker, "start", error)
+            return
         self._call("start", identity, settings_as_parameters(settings))
         for record in earlier_rounds:
             self.log_round(record)

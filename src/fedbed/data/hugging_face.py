@@ -95,6 +95,7 @@ class HuggingFaceColumns:
         return cls(**{key: value for key, value in given.items() if value is not None})
 
     def described(self) -> str:
+        """``columns IMAGE, LABEL, DOMAIN``: how messages name the columns read."""
         return f"columns {self.image}, {self.label}, {self.domain}"
 
 
@@ -442,9 +443,17 @@ def hugging_face_spec(text: str, columns: HuggingFaceColumns | None = None) -> D
     if packed is not None:
         domain_names = packed_header(packed)[0]
     else:
-        domain_names = _answers(opened(source), source, columns)[3]
+        domain_names = _domain_names_before_packing(source, columns)
     return DatasetSpec(source.name, domain_names, default_image_size=DEFAULT_IMAGE_SIZE, default_model="hfedf_cnn",
                        loader=loader)
+
+
+@lru_cache(maxsize=8)
+def _domain_names_before_packing(source: HuggingFaceSource, columns: HuggingFaceColumns) -> tuple[str, ...]:
+    """The domains of a dataset not packed yet, read once per process: validation, a sweep's
+    expansion and the build each look them up (a local copy's ``signature`` changes when its
+    files do, so an edited copy is read again)."""
+    return _answers(opened(source), source, columns)[3]
 
 
 def hugging_face_loader(spec: DatasetSpec) -> HuggingFaceLoader | None:

@@ -8,7 +8,8 @@ or written. The records change nothing of a run: they are read by
 model build, training and messaging.
 
 A record is ``{"phase", "seconds", "began", "pid", "role", ...details}``: ``began`` in seconds
-since the epoch, ``seconds`` of wall-clock time, ``role`` ``server`` / ``client`` (or ``None``).
+since the epoch, ``seconds`` of wall-clock time, ``role`` ``launcher`` / ``server`` / ``client`` (or
+``None``).
 The phases FedBed records (:data:`PHASES`):
 
 - ``process_start``: once per process that serves a run (the launcher, and on Flower the

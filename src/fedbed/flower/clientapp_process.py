@@ -98,7 +98,9 @@ def serve(address: str, echo: Callable[..., Any] = print, poll_seconds: float = 
           connect_timeout: float = CONNECT_TIMEOUT, lost_after: float = LOST_AFTER) -> None:
     """Take every ClientApp task of the SuperNode whose Runtime API listens at ``address``
     (``HOST:PORT``) and run it in this process (:func:`run_task`), until the SuperNode has not
-    answered for ``lost_after`` seconds (it stopped) or SIGTERM.
+    answered for ``lost_after`` seconds (it stopped), SIGTERM, or Ctrl-C while no task runs (a
+    task that fails or is interrupted, for example by Flower's heartbeat when the SuperNode drops
+    it, is reported in one line and the next is served).
 
     Raises:
         fedbed.flower.common.FlowerError: the SuperNode's Runtime API did not answer within
@@ -133,7 +135,14 @@ def serve(address: str, echo: Callable[..., Any] = print, poll_seconds: float = 
                 continue
             answered_at = time.monotonic()
             if acquired.HasField("task") and acquired.token:
-                run_task(address, acquired.token, client_app)
+                try:
+                    run_task(address, acquired.token, client_app)
+                except (Exception, KeyboardInterrupt) as error:
+                    # Reporting the task failed (the SuperNode dropped it: Flower's heartbeat
+                    # interrupts with SIGINT; or the Runtime API refused the reply): that task is
+                    # lost, as under Flower's per-message processes; the site serves the next one.
+                    echo(f"flower-clientapp: a task ended without its result reaching the SuperNode "
+                         f"({type(error).__name__}: {error}); serving the next")
                 tasks += 1
             else:
                 time.sleep(poll_seconds)

@@ -252,9 +252,11 @@ class Processes:
         self.companions: dict[str, list[subprocess.Popen]] = {}
 
     def start(self, name: str, command: list[str], beside: str | None = None) -> subprocess.Popen:
-        log = (self.log_dir / f"{name}.log").open("w")
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.environment,
-                                   start_new_session=True, cwd=self.log_dir)
+        # The process runs in the launcher's working directory, as an in-process run does, so that
+        # relative paths it is given (a dataset folder, a tracker's file store) mean the same files.
+        with (self.log_dir / f"{name}.log").open("w") as log:  # the child keeps its own descriptor
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.environment,
+                                       start_new_session=True)
         if beside is None:
             self.started[name] = process
         else:
@@ -382,9 +384,9 @@ def local_federation(num_clients: int, work_dir: Path, tls: bool = False, data_r
         _wait_for_port(port, link, "flower-superlink", work_dir / "superlink.log")
         phase_timings.record("federation_start", time.perf_counter() - began, role="launcher", what="superlink")
         key_flags: list[list[str]] = [[] for _ in range(num_clients)]
-        if tls:  # every site's key registered (concurrently: each registration is a flwr process) before any starts
+        if tls:  # every site's key registered before any starts (a flwr process each: one per core at a time)
             pairs = site_key_pairs(work_dir / "site-keys", num_clients)
-            with concurrent.futures.ThreadPoolExecutor(max_workers=num_clients) as pool:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=min(num_clients, os.cpu_count() or 1)) as pool:
                 list(pool.map(lambda pair: register_site(pair[1], environment), pairs))
             key_flags = [["--auth-supernode-private-key", str(private)] for private, _ in pairs]
         for client in range(num_clients):

@@ -8,7 +8,7 @@ and ``flwr run`` of the job's Flower App (:func:`fedbed.flower.deployment.write_
 federation's size and Ray's resources as ``--federation-config``. The SuperLink starts
 ``flwr-simulation``, which runs the ServerApp and keeps one Ray actor per CPU share for the
 ClientApps; an actor lives through the run and serves many clients, building the run's data once
-(:func:`fedbed.flower.apps.cached_run`) and each client's share once.
+(:func:`fedbed.flower.apps.cached_run`) and keeping the last 8 clients' shares it served.
 """
 
 from __future__ import annotations

@@ -107,6 +107,10 @@ class ComposedAlgorithm(Algorithm):
         self.dataset_run_settings = {dataset: {**server.dataset_run_settings.get(dataset, {}),
                                                **client.dataset_run_settings.get(dataset, {})}
                                      for dataset in {*client.dataset_run_settings, *server.dataset_run_settings}}
+        self.measured_failures = {  # each side's, named (the composition itself was not measured)
+            dataset: " ".join(f"{side.name}: {side.measured_failures[dataset]}" for side in (client, server)
+                              if dataset in side.measured_failures)
+            for dataset in {*client.measured_failures, *server.measured_failures}}
         self.evaluation_protocol = client.evaluation_protocol
         self.draws_its_own_views = client.draws_its_own_views
         self.precisions = client.precisions
