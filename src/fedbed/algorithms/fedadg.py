@@ -112,13 +112,7 @@ from fedbed.federation.arrays import clone_arrays
 from fedbed.federation.local_data import Batch, ClientData
 from fedbed.federation.messages import Payload, Reply
 from fedbed.models import DomainClassifier
-from fedbed.models.adversarial import (
-    REFERENCES,
-    Discriminator,
-    FedADGModel,
-    random_projection,
-    reference_sample,
-)
+from fedbed.models.adversarial import REFERENCES, Discriminator, FedADGModel, random_projection, reference_sample
 from fedbed.models.networks import ModelError
 
 READINGS = ("paper", "authors_code")
@@ -380,10 +374,8 @@ class FedADG(SupervisedAlgorithm):
         "OfficeHome": {"client_lr": 0.05, "generator_lr": 0.007, "discriminator_lr": 0.001},
     }
     dataset_run_settings = {dataset: PAPER_RUN_SETTINGS for dataset in ("PACS", "VLCS", "OfficeHome")}
-    measured_failures = {"PACS": (
-        "at 32 px from scratch (hfedf_cnn) the defaults (plain SGD, lr 1e-3) stay at chance (photo 10.2); with Adam "
-        "it falls below FedAvg on every target and on sketch predicts one class in 4 of 20 rounds "
-        "(docs/results/pacs32-fedadg.md). The paper starts from ImageNet features.")}
+    measured_failures = {"PACS": "at 32 px from scratch (hfedf_cnn) its plain SGD stays at chance; with Adam it is below FedAvg on "
+                         "every target, one class on sketch in 4 of 20 rounds (docs/results/pacs32-fedadg.md)"}
 
     def wrap_model(self, model: DomainClassifier, hparams: FedADGHyperparameters) -> FedADGModel:
         reference = hparams.reference if hparams.use_alignment else None

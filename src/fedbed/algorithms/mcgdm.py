@@ -388,10 +388,8 @@ class MCGDM(SupervisedAlgorithm):
     dataset_defaults = {"OfficeHome": {"matching_lambda": 0.8, "client_lr": 2e-3}, "VLCS": {"matching_lambda": 0.8}}  # Impl. Details
     dataset_run_settings = {"PACS": PAPER_RUN_SETTINGS, "VLCS": PAPER_RUN_SETTINGS,
                             "OfficeHome": {**PAPER_RUN_SETTINGS, "batch_size": 30}}
-    measured_failures = {"PACS": (
-        "at 32 px from scratch (hfedf_cnn) the defaults (SGD, momentum 0.9, lr 1e-3) predict one class for all "
-        "40 rounds; with Adam, + inter and both terms predict one class on sketch through rounds 8-12 and end "
-        "9-11 points below the Baseline (docs/results/pacs32-mcgdm.md). The paper fine-tunes ImageNet features.")}
+    measured_failures = {"PACS": "at 32 px from scratch (hfedf_cnn) its SGD predicts one class for all 40 rounds; with Adam, + inter and "
+                         "both terms predict one class on sketch to rounds 8-12, 9-11 below the Baseline (docs/results/pacs32-mcgdm.md)"}
 
     def create_strategy(self, hparams: MCGDMHyperparameters, context: AlgorithmContext) -> MCGDMStrategy:
         return MCGDMStrategy(context.seed, hparams.include_own_head, send_heads=hparams.uses_previous_heads,
