@@ -86,6 +86,18 @@ def test_a_sweep_starts_each_job_from_the_other_sweeps_run_of_its_own_target(tmp
     for job in jobs:
         summary = json.loads((job.run_dir / "summary.json").read_text())
         assert summary["init_from"]["run"] == str(by_target[job.target].resolve())
+    # A variant per initial model of one sweep: each run's report label names its own variant.
+    both = warm.model_copy(update={"variants": {
+        "from_fedavg": {"init_from": {"sweep": str(tmp_path / "inits"), "algorithm": "fedavg"}},
+        "from_fedprox": {"init_from": {"sweep": str(tmp_path / "inits"), "algorithm": "fedprox"}},
+        "from_fedprox_mu": {"init_from": {"sweep": str(tmp_path / "inits"), "algorithm": "fedprox"}, "hp": {"mu": 0.5}}},
+        "targets": ["0"]})
+    assert run_sweep(both, tmp_path / "both", progress=False)["failed"] == {}
+    from fedbed.results import labelled_runs
+
+    assert sorted(run.summary["label"] for run in labelled_runs(tmp_path / "both")) == [
+        "fedprox[from_fedavg]{from fedavg@1}", "fedprox[from_fedprox]{from fedprox@1}",
+        "fedprox[from_fedprox_mu]{from fedprox@1}"]
     # Another seed has no initial model in that sweep; a folder without a sweep record is no sweep.
     with pytest.raises(ConfigError, match="has 0 runs of fedavg for target 0, seed 1"):
         expand(warm.model_copy(update={"seeds": [1]}), tmp_path / "warm")

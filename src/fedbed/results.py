@@ -87,13 +87,29 @@ VARIANT_LIMITS = {"only_algorithms": "algorithm", "only_targets": "target"}
 settings), each with the per-job setting it limits."""
 
 
+def warm_start_from_sweep(source: Path, named: dict[str, Any]) -> bool:
+    """Whether the run folder ``source`` a job started from is the one a sweep file's
+    ``init_from: {sweep: FOLDER, algorithm: NAME[, seed: S]}`` names: a folder of that sweep whose
+    ``config.yaml`` has that algorithm (and seed). ``False`` when that config cannot be read."""
+    if source.parent.resolve() != Path(named.get("sweep", "")).resolve():
+        return False
+    try:
+        settings = yaml.safe_load((source / CONFIG_NAME).read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return False
+    return settings.get("algorithm") == named.get("algorithm") and (
+        "seed" not in named or settings.get("seed") == named["seed"])
+
+
 def variant_of(config: dict[str, Any], variants: dict[str, dict[str, Any]]) -> str | None:
     """The name of the variant a run's resolved ``config`` was made by: the one with the most
     settings among those whose every setting (and every ``hp`` value; of a nested setting, every
     key the variant gives) the config holds and whose
     limits (:data:`VARIANT_LIMITS`) admit its algorithm and target; ``None`` when the sweep has no
     variants or none fits."""
-    def holds(recorded: Any, value: Any) -> bool:
+    def holds(recorded: Any, value: Any, key: str | None = None) -> bool:
+        if key == "init_from" and isinstance(value, dict):  # the sweep form: {sweep, algorithm[, seed]}
+            return recorded is not None and warm_start_from_sweep(Path(recorded), value)
         # A nested setting (differential_privacy: {...}) is recorded with its defaults filled in.
         if isinstance(value, dict):
             return isinstance(recorded, dict) and all(holds(recorded.get(k), v) for k, v in value.items())
@@ -101,7 +117,7 @@ def variant_of(config: dict[str, Any], variants: dict[str, dict[str, Any]]) -> s
 
     def fits(settings: dict[str, Any]) -> bool:
         hp = settings.get("hp") or {}
-        return (all(config.get(VARIANT_LIMITS[key]) in value if key in VARIANT_LIMITS else holds(config.get(key), value)
+        return (all(config.get(VARIANT_LIMITS[key]) in value if key in VARIANT_LIMITS else holds(config.get(key), value, key)
                     for key, value in settings.items() if key != "hp")
                 and all(holds((config.get("hp") or {}).get(key), value) for key, value in hp.items()))
 
