@@ -93,10 +93,9 @@ def test_a_process_started_beside_a_supernode_stops_with_it(tmp_path):
     assert Path(tmp_path / "clientapp-0.log").exists()
 
 
-def test_a_clientapp_process_reports_a_task_that_failed_or_was_interrupted_and_serves_the_next(monkeypatch):
-    """Flower's heartbeat interrupts (SIGINT) a task the SuperNode dropped, and reporting a
-    result can fail: the site's long-running process loses that task only, as Flower's
-    per-message processes would."""
+def test_a_clientapp_process_reports_a_task_whose_result_was_lost_and_serves_the_next(monkeypatch):
+    """Reporting a task's result can fail: the site's long-running process loses that task only,
+    as Flower's per-message processes would; a signal still stops it."""
     import httpx
 
     from fedbed.flower import clientapp_process
@@ -119,7 +118,7 @@ def test_a_clientapp_process_reports_a_task_that_failed_or_was_interrupted_and_s
         def close(self):
             pass
 
-    outcomes = [KeyboardInterrupt("heartbeat"), RuntimeError("reply refused"), None]
+    outcomes = [ConnectionError("reply lost"), RuntimeError("reply refused"), None]
     ran = []
 
     def run_task(address, token, client_app):
@@ -133,8 +132,12 @@ def test_a_clientapp_process_reports_a_task_that_failed_or_was_interrupted_and_s
     lines = []
     serve("127.0.0.1:1", echo=lines.append, poll_seconds=0.01, lost_after=0.05)
     assert len(ran) == 3 and not outcomes
-    assert [line.split("(")[1].split(":")[0] for line in lines[:2]] == ["KeyboardInterrupt", "RuntimeError"]
+    assert [line.split("(")[1].split(":")[0] for line in lines[:2]] == ["ConnectionError", "RuntimeError"]
     assert lines[-1].endswith("stopping after 3 task(s)")
+    # SIGTERM (FedBed's handler raises KeyboardInterrupt) stops the process even during a task.
+    outcomes[:] = [KeyboardInterrupt("stopped by signal SIGTERM")]
+    with pytest.raises(KeyboardInterrupt):
+        serve("127.0.0.1:1", echo=lines.append, poll_seconds=0.01, lost_after=0.05)
 
 
 def test_flower_processes_run_in_the_launchers_working_directory(tmp_path, monkeypatch):

@@ -98,9 +98,10 @@ def serve(address: str, echo: Callable[..., Any] = print, poll_seconds: float = 
           connect_timeout: float = CONNECT_TIMEOUT, lost_after: float = LOST_AFTER) -> None:
     """Take every ClientApp task of the SuperNode whose Runtime API listens at ``address``
     (``HOST:PORT``) and run it in this process (:func:`run_task`), until the SuperNode has not
-    answered for ``lost_after`` seconds (it stopped), SIGTERM, or Ctrl-C while no task runs (a
-    task that fails or is interrupted, for example by Flower's heartbeat when the SuperNode drops
-    it, is reported in one line and the next is served).
+    answered for ``lost_after`` seconds (it stopped), SIGTERM or Ctrl-C. A task that fails,
+    or that Flower's heartbeat interrupts when the SuperNode drops it, is reported to the
+    SuperNode by :func:`run_task`; a failure to report it is one line here, and the next task is
+    served.
 
     Raises:
         fedbed.flower.common.FlowerError: the SuperNode's Runtime API did not answer within
@@ -137,9 +138,8 @@ def serve(address: str, echo: Callable[..., Any] = print, poll_seconds: float = 
             if acquired.HasField("task") and acquired.token:
                 try:
                     run_task(address, acquired.token, client_app)
-                except (Exception, KeyboardInterrupt) as error:
-                    # Reporting the task failed (the SuperNode dropped it: Flower's heartbeat
-                    # interrupts with SIGINT; or the Runtime API refused the reply): that task is
+                except Exception as error:  # noqa: BLE001  (a KeyboardInterrupt, SIGTERM's too, stops the process)
+                    # Reporting the task failed (the Runtime API refused the reply): that task is
                     # lost, as under Flower's per-message processes; the site serves the next one.
                     echo(f"flower-clientapp: a task ended without its result reaching the SuperNode "
                          f"({type(error).__name__}: {error}); serving the next")
