@@ -46,13 +46,12 @@ SLOW_TESTS = {
     "tests/test_init_from.py::test_a_sweep_starts_each_job_from_the_other_sweeps_run_of_its_own_target",
     # Flower: a local federation's processes, or the simulation
     "tests/test_flower.py::test_same_results_in_process_and_on_flower",
-    "tests/test_flower.py::test_a_lost_supernode_is_dropped_and_the_rounds_go_on",
     "tests/test_flower.py::test_the_script_by_its_full_path_without_the_environment_on_path_and_sigterm_leaves_nothing",
     "tests/test_spread_data.py::test_a_deployment_whose_sites_each_hold_one_domain_equals_the_in_process_run",
     "tests/test_faults.py::test_an_injected_fault_is_dropped_on_flower_by_the_same_engine_code",
-    "tests/test_flower.py::test_a_run_on_the_simulation_validates_its_settings_once",
+    "tests/test_flower.py::test_a_run_on_the_simulation_validates_its_settings_once_and_equals_the_in_process_run",
     "tests/test_flower_sites.py::test_strangers_supernodes_take_no_part_in_a_tls_deployment_and_the_run_goes_on",
-    "tests/test_flower_sites.py::test_a_silent_site_holds_discovery_up_for_a_bounded_time_and_the_progress_reaches_flwr_log",
+    "tests/test_flower_sites.py::test_a_silent_site_holds_discovery_up_for_a_bounded_time_a_lost_one_is_dropped_and_the_progress_reaches_flwr_log",
     "tests/test_flower_strategies.py::test_a_plain_pytorch_flower_app_trains_with_ppdg_and_feddg_ga_on_the_simulation",
     "tests/test_flower_strategies.py::test_with_fedbeds_trainer_on_the_clients_ppdg_equals_the_in_process_run_bit_for_bit",
     # signals sent to subprocesses; other subprocesses importing the package

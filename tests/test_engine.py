@@ -1,6 +1,7 @@
 """Engine: resume equality, dropped clients, model selection, target isolation."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from fedbed.algorithms.base.local_training import SupervisedTrainer
 from fedbed.algorithms.fedavg import FedAvg
 from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.federation.engine import EngineError, run_rounds
-from fedbed.federation.evaluation import mean_of_last_evaluations, select_round
+from fedbed.federation.evaluation import format_domain_table, mean_of_last_evaluations, select_round
 from fedbed.federation.messages import Reply
 from tests.helpers import build_federation
 
@@ -89,6 +90,20 @@ def test_reply_checks():
 def test_selection_skips_unscored_rounds():
     log = [{"round": 1, "id_mean": float("nan"), "ood_mean": 5.0}, {"round": 2, "id_mean": 40.0, "ood_mean": 1.0}]
     assert select_round(log, "train_domain_val")["round"] == 2
+
+
+def test_a_rule_without_a_scored_round_chooses_none_and_says_why():
+    """A site's share of the id holdouts missing from every evaluation: the run still ends with a
+    summary (the table prints "–" for the round) instead of failing after its last round."""
+    nan = float("nan")
+    log = [{"round": r, "id": {"a": nan}, "ood": {"t": 10.0 * r}, "id_mean": nan, "ood_mean": 10.0 * r} for r in (1, 2)]
+    chosen = select_round(log, "train_domain_val")
+    assert chosen["round"] is None and chosen["selection"] == "train_domain_val"
+    assert chosen["unavailable"] == "no evaluated round has a id_mean score to select by train_domain_val"
+    assert math.isnan(chosen["ood_mean"]) and list(chosen["ood"]) == ["t"] and math.isnan(chosen["ood"]["t"])
+    assert select_round(log, "oracle")["round"] == 2
+    table = format_domain_table({rule: select_round(log, rule) for rule in ("last", "train_domain_val")})
+    assert table.splitlines()[-1].split()[:2] == ["train_domain_val", "–"]
 
 
 def test_selection_rules_on_a_synthetic_log():

@@ -236,27 +236,36 @@ def test_strangers_supernodes_take_no_part_in_a_tls_deployment_and_the_run_goes_
     assert refused_supernodes(tmp_path / "run" / "flower-logs" / "superlink.log") == [refused_key]
 
 
-def test_a_silent_site_holds_discovery_up_for_a_bounded_time_and_the_progress_reaches_flwr_log(tmp_path, no_orphans, monkeypatch):
-    """The manual mode with Flower's own CLI: site 1's SuperNode connects but no ClientApp ever
-    answers (started with --isolation process and no ClientApp process), then stops. The
-    ServerApp says which partition it waits for, goes on without it after the discovery timeout,
-    and its rounds show in ``flwr run --stream`` and ``flwr log``."""
+def test_a_silent_site_holds_discovery_up_for_a_bounded_time_a_lost_one_is_dropped_and_the_progress_reaches_flwr_log(
+        tmp_path, no_orphans, monkeypatch):
+    """The manual mode with Flower's own CLI, three sites: site 2's SuperNode connects but no
+    ClientApp ever answers (started with --isolation process and no ClientApp process), then
+    stops; site 1 trains in round 1 and goes away. The ServerApp says which partition it waits
+    for, goes on without it after the discovery timeout, drops site 1 (and its share of the
+    id holdouts) from round 2 with the SuperNode's reason, and its rounds show in
+    ``flwr run --stream`` and ``flwr log``."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    config = tiny("fedavg", (tmp_path / "run").resolve(), rounds=1)
-    app = write_app(tmp_path / "app", config, discovery_timeout=40.0)
-    stream = tmp_path / "flwr-run.log"
-    with local_federation(1, tmp_path) as (processes, environment):
+    config = tiny("fedavg", (tmp_path / "run").resolve(), rounds=2, num_clients=3, domains_per_client=2,
+                  id_evaluation="clients")
+    app = write_app(tmp_path / "app", config, discovery_timeout=25.0, round_timeout=45.0)
+    stream, log = tmp_path / "flwr-run.log", tmp_path / "run" / LOG_NAME
+    with local_federation(2, tmp_path) as (processes, environment):
         address = (Path(environment["FLWR_HOME"]) / "config.toml").read_text().split('address = "')[1].split('"')[0]
         processes.start("silent-supernode", [SUPERNODE, "--insecure", "--superlink", address, "--node-config",
-                                             "partition-id=1 num-partitions=2", "--isolation", "process",
+                                             "partition-id=2 num-partitions=3", "--isolation", "process",
                                              "--host", "127.0.0.1", "--port", str(free_port())])
         job = subprocess.Popen([FLWR, "run", str(app), "fedbed", "--stream"], env=environment, cwd=tmp_path,
                                stdout=stream.open("w"), stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 120
-            while "2 SuperNode(s) connected" not in stream.read_text() and time.monotonic() < deadline:
-                time.sleep(0.5)  # both SuperNodes were asked; site 1 does not answer
+            while "3 SuperNode(s) connected" not in stream.read_text() and time.monotonic() < deadline:
+                time.sleep(0.5)  # the three SuperNodes were asked; site 2 does not answer
             processes.stop("silent-supernode")
+            deadline = time.monotonic() + 300
+            while not (log.exists() and log.read_text().strip()) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert log.exists() and log.read_text().strip(), "round 1 never finished"
+            processes.stop("supernode-1")  # site 1 goes away after round 1
             assert job.wait(timeout=400) == 0
         finally:
             job.kill()
@@ -264,11 +273,21 @@ def test_a_silent_site_holds_discovery_up_for_a_bounded_time_and_the_progress_re
         shown = subprocess.run([FLWR, "log", run_id, "fedbed", "--show"], env=environment, capture_output=True, text=True,
                                timeout=120).stdout
     streamed = stream.read_text()
-    assert "waiting for partition-id 1 " in streamed or "waiting for partition-id 0, 1 " in streamed
+    assert any(f"waiting for partition-id {waited} " in streamed for waited in ("2", "1, 2", "0, 2", "0, 1, 2"))
     assert "did not say its client id" in streamed  # the stopped node's query came back as an error, said in one line
-    assert "no SuperNode said it holds partition-id 1 within 40 s; the run goes on without it" in streamed
+    assert "no SuperNode said it holds partition-id 2 within 25 s; the run goes on without it" in streamed
     assert "Traceback" not in streamed
-    for log in (streamed, shown):
-        assert "round 1/1: train loss" in log and "dropped client 1: no SuperNode said it holds partition-id 1" in log
-    record = json.loads((tmp_path / "run" / LOG_NAME).read_text())
-    assert set(record["dropped"]) == {"1"} and record["evaluation"]["ood_mean"] is not None
+    for shown_log in (streamed, shown):
+        assert "round 1/2: train loss" in shown_log and "dropped client 2: no SuperNode said it holds partition-id 2" in shown_log
+    rounds = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert set(rounds[0]["dropped"]) == {"2"} and set(rounds[0]["evaluation_dropped"]) == {"2"}
+    assert rounds[0]["evaluation"]["ood_mean"] is not None
+    # Site 1 went away: dropped with the SuperNode's reason, and its holdout share with it.
+    assert set(rounds[1]["dropped"]) == {"1", "2"} and "SuperNode" in rounds[1]["dropped"]["1"]
+    assert set(rounds[1]["evaluation_dropped"]) == {"1", "2"}
+    selection = json.loads((tmp_path / "run" / "summary.json").read_text())["selection"]
+    assert selection["last"]["round"] == 2
+    # No round had every site's id holdout share: no round to select by it, said, and the run still ends.
+    assert selection["train_domain_val"]["round"] is None
+    assert "selection: no evaluated round has a id_mean score to select by train_domain_val" in streamed

@@ -363,6 +363,9 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
         echo(f"faults: {faults['dropped_replies']} repl{'y' if faults['dropped_replies'] == 1 else 'ies'} dropped "
              f"(reasons in rounds.jsonl, 'dropped'); rounds that kept the previous model: "
              f"{', '.join(faults['rounds_keeping_previous_model']) or 'none'}")
+    for chosen in summary["selection"].values():
+        if "unavailable" in chosen:  # e.g. a site's id-holdout share missing from every evaluation
+            echo(f"selection: {chosen['unavailable']}; its scores are NaN")
     collapse = summary["collapse"]
     if collapse is not None:
         names = dataset.class_names or ()

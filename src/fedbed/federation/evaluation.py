@@ -264,7 +264,10 @@ def select_round(evaluations: list[dict[str, Any]], rule: str) -> dict[str, Any]
         rule: one of :data:`SELECTION_RULES`. Only ``oracle`` reads ``ood_mean``.
 
     Returns:
-        The chosen dict, with ``selection`` set to the rule (``"oracle"`` for the oracle).
+        The chosen dict, with ``selection`` set to the rule (``"oracle"`` for the oracle). When no
+        evaluated round has the rule's score (a site's share of the id holdouts was missing from
+        every evaluation, so no ``id_mean``), no round is chosen: ``round`` is ``None``, every
+        score NaN (the last evaluation's domains), and ``unavailable`` says why.
 
     Raises:
         ValueError: unknown rule or no evaluated round.
@@ -279,7 +282,10 @@ def select_round(evaluations: list[dict[str, Any]], rule: str) -> dict[str, Any]
         key = "id_mean" if rule == "train_domain_val" else "ood_mean"
         scored = [e for e in evaluations if e[key] is not None and not math.isnan(e[key])]
         if not scored:
-            raise ValueError(f"no evaluated round has a {key} score to select by {rule}")
+            last = evaluations[-1]
+            return {"round": None, "id": dict.fromkeys(last["id"], math.nan), "ood": dict.fromkeys(last["ood"], math.nan),
+                    "id_mean": math.nan, "ood_mean": math.nan, "selection": rule,
+                    "unavailable": f"no evaluated round has a {key} score to select by {rule}"}
         best = max(e[key] for e in scored)
         chosen = next(e for e in scored if e[key] == best)
     return {**chosen, "selection": rule}
@@ -330,7 +336,7 @@ def format_domain_table(selected: dict[str, dict[str, Any]]) -> str:
     rows = [header]
     for rule, entry in selected.items():
         label = "oracle (reads target)" if rule == "oracle" else rule
-        row = [label, str(entry["round"])]
+        row = [label, "–" if entry["round"] is None else str(entry["round"])]
         row += [cell(entry, "id", d) for d in id_domains] + [f"{entry['id_mean']:.1f}"]
         row += [cell(entry, "ood", d) for d in ood_domains] + [f"{entry['ood_mean']:.1f}"]
         rows.append(row)
