@@ -45,7 +45,7 @@ SLOW_TESTS = {
     # Warm starts named by another sweep: two small sweeps run
     "tests/test_init_from.py::test_a_sweep_starts_each_job_from_the_other_sweeps_run_of_its_own_target",
     # Flower: a local federation's processes, or the simulation
-    "tests/test_flower.py::test_same_results_in_process_and_on_flower",
+    "tests/test_flower.py::test_same_results_in_process_and_on_a_flower_deployment",
     "tests/test_flower.py::test_the_script_by_its_full_path_without_the_environment_on_path_and_sigterm_leaves_nothing",
     "tests/test_spread_data.py::test_a_deployment_whose_sites_each_hold_one_domain_equals_the_in_process_run",
     "tests/test_faults.py::test_an_injected_fault_is_dropped_on_flower_by_the_same_engine_code",

@@ -424,7 +424,7 @@ def fedbed_config(run_dir) -> ExperimentConfig:
 
 @functools.lru_cache(maxsize=1)
 def fedbed_client_side(config_json: str):
-    """The built run and FedBed's trainer, once per client actor (building loads the data)."""
+    """The built run and FedBed's trainer, once per process serving clients (building loads the data)."""
     built = build_run(ExperimentConfig.model_validate_json(config_json))
     return built, built.trainer()
 
@@ -450,7 +450,11 @@ def fedbed_client_app(config_json: str) -> ClientApp:
     return app
 
 
-def test_with_fedbeds_trainer_on_the_clients_ppdg_equals_the_in_process_run_bit_for_bit(tmp_path, monkeypatch):
+def test_with_fedbeds_trainer_on_the_clients_ppdg_equals_the_in_process_run_bit_for_bit(tmp_path, monkeypatch,
+                                                                                       server_identity):
+    """Flower's strategy loop (``PPDG.start``) with FedBed's trainer in a Flower ClientApp, the
+    messages carried in this process (Flower's simulation carries them in the plain app's test
+    above): the final model and each round's telemetry equal the in-process run's."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -458,18 +462,11 @@ def test_with_fedbeds_trainer_on_the_clients_ppdg_equals_the_in_process_run_bit_
         run_experiment(fedbed_config(tmp_path / "in-process"), progress=False, echo=lambda *_: None)
         config = fedbed_config(tmp_path / "flower")
         built = build_run(config)
-        outcome = {}
-        server = ServerApp()
-
-        @server.main()
-        def main(grid: Grid, context: Context) -> None:
-            strategy = PPDG(alignment_lambda=built.hparams.alignment_lambda, seed=config.seed, client_id_key="partition-id",
-                            parameter_names=trainable_parameter_names(built.initial_model), fraction_evaluate=0.0)
-            outcome["result"] = strategy.start(grid=grid, initial_arrays=ArrayRecord(built.initial_model.state_dict()),
-                                               num_rounds=config.rounds)
-            outcome["strategy"] = strategy
-
-        simulate(server, fedbed_client_app(config.model_dump_json()), nodes=2)
+        strategy = PPDG(alignment_lambda=built.hparams.alignment_lambda, seed=config.seed, client_id_key="partition-id",
+                        parameter_names=trainable_parameter_names(built.initial_model), fraction_evaluate=0.0)
+        result = strategy.start(grid=InProcessGrid(fedbed_client_app(config.model_dump_json()), nodes=2),
+                                initial_arrays=ArrayRecord(built.initial_model.state_dict()), num_rounds=config.rounds)
+        outcome = {"result": result, "strategy": strategy}
     finally:
         torch.set_num_threads(threads)
     expected = torch.load(tmp_path / "in-process" / CHECKPOINT_NAME, weights_only=False)["strategy"]["model"]

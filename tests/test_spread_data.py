@@ -105,9 +105,10 @@ def test_declared_names_travel_in_flowers_run_config_as_json_text(machines):
 def test_a_deployment_whose_sites_each_hold_one_domain_equals_the_in_process_run(tmp_path, monkeypatch):
     """Three SuperNodes, each with a data root holding only its own VLCS domain; the server's
     holds only the target; the run equals the in-process run on the whole data. The method is
-    FedADG, whose discriminator and random projection live in each site's state (the SuperNode's
-    context.state), never leave it and carry over to the next round there: its discriminator
-    losses match in both rounds."""
+    FedADG's clients under FedDG-GA's server rule: FedADG's discriminator and random projection,
+    and FedDG-GA's last local risk, live in each site's state (the SuperNode's context.state),
+    never leave it and carry over to the next round there: the discriminator losses match in both
+    rounds, and round 2's generalization gaps."""
     from fedbed.flower.deployment import run_flower_deployment
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -118,7 +119,7 @@ def test_a_deployment_whose_sites_each_hold_one_domain_equals_the_in_process_run
     # Evaluated after round 2 only (every message starts a ClientApp process on its SuperNode).
     settings = dict(dataset="VLCS", target="VOC2007", rounds=2, local_steps=2, batch_size=4, image_size=8,
                     model="mnist_cnn", holdout_fraction=0.25, seed=2, class_names=["bird", "car"],
-                    id_evaluation="clients", eval_every=2, algorithm="fedadg",
+                    id_evaluation="clients", eval_every=2, algorithm="fedadg+feddg_ga",
                     hp={"classification_epochs": 1, "alignment_epochs": 1, "client_lr": 0.01})
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -139,6 +140,8 @@ def test_a_deployment_whose_sites_each_hold_one_domain_equals_the_in_process_run
     assert [r["metrics"]["mean_adversarial_discriminator"] for r in theirs] == pytest.approx(
         [r["metrics"]["mean_adversarial_discriminator"] for r in mine], rel=1e-5)
     assert set(mine[-1]["evaluation"]["id"]) == set(domains[:3])
+    gaps = [record[1]["telemetry"]["generalization_gaps"] for record in (mine, theirs)]
+    assert set(gaps[0]) == {"0", "1", "2"} and gaps[1] == pytest.approx(gaps[0], rel=1e-5, abs=1e-7)
 
 
 @pytest.mark.parametrize("changes", [dict(algorithm="fedsimclr"),  # linear_probe: the server probes, sites train
