@@ -17,7 +17,7 @@ from fedbed.run_directory import LOG_NAME
 from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.client_evaluation import evaluation_payloads
 from fedbed.flower.apps import STATE_RECORD, client_evaluate, client_train
-from fedbed.flower.deployment import local_federation, run_flower_deployment, write_app
+from fedbed.flower.deployment import run_flower_deployment
 from fedbed.flower.records import payload_from_records, payload_to_records, reply_from_records, reply_to_records
 
 def flower_processes_of(folder) -> list[int]:
@@ -118,18 +118,18 @@ def assert_same_run(expected_dir, actual_dir, eval_size: int):
 # MCGDM's clients under FedOMG's server rule (a composed method, whose strategy is MCGDM's with
 # FedOMG's aggregation in its seam: FedAvg's server that also sends each client, as read-only
 # arrays, the other clients' heads of the previous round, its own left out, so payloads differ per
-# client) on a deployment here and on the simulation through the CLI (below). hFedF, which sends
-# each client its own weights, on a deployment. FedADG, whose discriminator and random projection
-# live in the client state (the node's context.state on Flower), runs on both: on the simulation in
-# tests/test_faults.py, and under FedDG-GA's server rule (whose clients keep their last local risk
-# in the node's state) on a deployment whose sites each hold one domain in tests/test_spread_data.py.
+# client) on a deployment here and on the simulation through the CLI, with a faulty site (below).
+# hFedF, which sends each client its own weights, on a deployment. FedADG's clients, whose
+# discriminator and random projection live in the client state (the node's context.state on
+# Flower), under FedDG-GA's server rule (whose clients keep their last local risk there) on a
+# deployment whose sites each hold one domain in tests/test_spread_data.py.
 MCGDM_HP = {"include_own_head": False, "client_lr": 0.01}
 
 
-def assert_heads_were_sent(run_dir):
-    """Round 2 of an MCGDM run carried the other client's head as read-only arrays."""
+def assert_heads_were_sent(run_dir, client: str = "0"):
+    """Round 2 of an MCGDM run carried the other clients' heads to ``client`` as read-only arrays."""
     second = json.loads((run_dir / LOG_NAME).read_text().splitlines()[1])
-    assert second["communication"]["sent_bytes"]["0"] > second["communication"]["received_bytes"]["0"]
+    assert second["communication"]["sent_bytes"][client] > second["communication"]["received_bytes"][client]
 
 
 @pytest.mark.parametrize("algorithm", ["mcgdm+fedomg", "hfedf"])
@@ -206,21 +206,24 @@ def test_a_failed_deployment_keeps_its_logs_in_the_run_directory(tmp_path, monke
     assert kept.read_text().endswith("flower-superexec\n")
 
 
-def test_a_run_on_the_simulation_validates_its_settings_once_and_equals_the_in_process_run(tmp_path, monkeypatch,
-                                                                                         no_orphans, capfd):
+def test_a_run_on_the_simulation_validates_its_settings_once_drops_a_faulty_reply_and_equals_the_in_process_run(
+        tmp_path, monkeypatch, no_orphans, capfd):
     """``fedbed run --backend flower-sim``: the settings are validated once, in this process;
     the ServerApp (in this process) and the client actors receive them validated
     (tests/test_architecture.py checks that the apps' parsing of them validates nothing). The
-    method is MCGDM's clients under FedOMG's server rule: the run equals the in-process one,
-    and round 2 carried the other client's head. No warning the user cannot act on is printed
-    (Flower's run_simulation deprecation notice, Ray's FutureWarning)."""
+    method is MCGDM's clients under FedOMG's server rule, three sites that score their own id
+    holdouts, site 0 replying with a wrong dtype: its reply is dropped each round with its reason
+    by the same engine code as in-process, the run equals the in-process one, and round 2 carried
+    the other honest client's head. No warning the user cannot act on is printed (Flower's
+    run_simulation deprecation notice, Ray's FutureWarning)."""
     from typer.testing import CliRunner
 
     from fedbed.cli import app
     from tests.test_architecture import count_validations
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    run = functools.partial(tiny, "mcgdm+fedomg", eval_every=2, hp=MCGDM_HP)  # evaluated after round 2 only
+    run = functools.partial(tiny, "mcgdm+fedomg", eval_every=2, hp=MCGDM_HP, num_clients=3, domains_per_client=2,
+                            attack="wrong_dtype", id_evaluation="clients")  # evaluated after round 2 only
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -236,7 +239,11 @@ def test_a_run_on_the_simulation_validates_its_settings_once_and_equals_the_in_p
     assert len(calls) == 1
     printed = "".join(capfd.readouterr()) + result.output
     assert "DEPRECATED FEATURE" not in printed and "FutureWarning" not in printed
-    assert json.loads((tmp_path / "flower-sim" / "summary.json").read_text())["backend"] == "flower-sim"
+    summary = json.loads((tmp_path / "flower-sim" / "summary.json").read_text())
+    assert summary["backend"] == "flower-sim" and summary["faults"]["dropped_by_client"] == {"0": 2}
+    for record in (json.loads(line) for line in (tmp_path / "flower-sim" / LOG_NAME).read_text().splitlines()):
+        assert list(record["dropped"]) == ["0"] and "is torch.float64" in record["dropped"]["0"]
+        assert record["telemetry"]["clients"] == [1, 2]
     assert_same_run(tmp_path / "in-process", tmp_path / "flower-sim", len(build_run(run(tmp_path / "x")).split.target))
     for backend in ("in-process", "flower-sim"):
-        assert_heads_were_sent(tmp_path / backend)
+        assert_heads_were_sent(tmp_path / backend, client="1")

@@ -344,6 +344,9 @@ def simulate(server_app: ServerApp, client_app: ClientApp, nodes: int) -> None:
 
 
 def test_a_plain_pytorch_flower_app_trains_with_ppdg_and_feddg_ga_on_the_simulation():
+    """One round of each strategy (every round of Flower's simulation costs several seconds on a
+    busy machine); the hand-made replies of the tests above cover the later rounds' arithmetic."""
+    rounds = 1
     outcome = {}
     server = ServerApp()
 
@@ -353,24 +356,26 @@ def test_a_plain_pytorch_flower_app_trains_with_ppdg_and_feddg_ga_on_the_simulat
                  "fraction_evaluate": 0.0}
         outcome["ppdg"] = PPDG(alignment_lambda=0.2, seed=SEED, **nodes)
         outcome["ppdg result"] = outcome["ppdg"].start(grid=grid, initial_arrays=ArrayRecord(plain_model().state_dict()),
-                                                       num_rounds=2)
-        outcome["feddg_ga"] = FedDGGA(seed=SEED, **nodes)  # its rounds come from start()
+                                                       num_rounds=rounds)
+        # Its rounds come from start(); its first round's gaps already read the local risks the
+        # clients kept in their node state during PPDG's rounds.
+        outcome["feddg_ga"] = FedDGGA(seed=SEED, **nodes)
         outcome["feddg_ga result"] = outcome["feddg_ga"].start(grid=grid, initial_arrays=outcome["ppdg result"].arrays,
-                                                               num_rounds=2)
+                                                               num_rounds=rounds)
 
     simulate(server, plain_client, nodes=PLAIN_CLIENTS)
     metrics = outcome["ppdg result"].train_metrics_clientapp
-    assert sorted(metrics) == [1, 2] and set(metrics[1]) == {"loss"}  # the client id is no metric to average
+    assert sorted(metrics) == list(range(1, rounds + 1)) and set(metrics[1]) == {"loss"}  # the client id is no metric to average
     # The same rounds recomputed here with FedBed's own servers: the same models and telemetry, bit for bit.
     previous_losses = {}
-    expected, telemetry = fedbed_rounds("ppdg", {"alignment_lambda": 0.2}, plain_model().state_dict(), 2, previous_losses)
+    expected, telemetry = fedbed_rounds("ppdg", {"alignment_lambda": 0.2}, plain_model().state_dict(), rounds, previous_losses)
     assert outcome["ppdg"].telemetry == telemetry
-    assert any(any(telemetry[r]["aligned_clients"]) for r in (1, 2))  # PPDG aligned conflicting updates
+    assert any(any(telemetry[r]["aligned_clients"]) for r in telemetry)  # PPDG aligned conflicting updates
     final = arrays_from_record(outcome["ppdg result"].arrays)
     assert all(torch.equal(final[name], tensor) for name, tensor in expected.items())
-    expected, telemetry = fedbed_rounds("feddg_ga", {}, expected, 2, previous_losses)
+    expected, telemetry = fedbed_rounds("feddg_ga", {}, expected, rounds, previous_losses)
     assert outcome["feddg_ga"].telemetry == telemetry
-    assert all(len(set(telemetry[r]["weights"].values())) == PLAIN_CLIENTS for r in (1, 2))  # the gaps moved the weights
+    assert all(len(set(telemetry[r]["weights"].values())) == PLAIN_CLIENTS for r in telemetry)  # the gaps moved the weights
     final = arrays_from_record(outcome["feddg_ga result"].arrays)
     assert all(torch.equal(final[name], tensor) for name, tensor in expected.items())
 

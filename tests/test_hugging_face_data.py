@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from fedbed.cli import app
 from fedbed.config import ConfigError, ExperimentConfig, validate
-from fedbed.data import catalog, dataset_spec, load_dataset
+from fedbed.data import catalog, load_dataset
 from fedbed.data import hugging_face
 from fedbed.data.hugging_face import HuggingFaceColumns
 from fedbed.data.images import decode_image

@@ -9,7 +9,6 @@ import shlex
 from pathlib import Path
 
 import numpy as np
-import pytest
 from PIL import Image
 from typer.main import get_command
 from typer.testing import CliRunner

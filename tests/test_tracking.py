@@ -290,7 +290,7 @@ def test_a_failing_call_warns_once_and_switches_the_tracker_off(tmp_path, failin
     (tmp_path / "plots" / "a.png").write_bytes(b"")
     tracker, warnings = Recorder(failing), []
     tracking = RunTracking(tracker, warnings.append)
-    tracking.begin(IDENTITY, {"hp": {"lr": 0.1}}, RECORDS[:1])
+    tracking.begin(lambda: IDENTITY, {"hp": {"lr": 0.1}}, lambda: RECORDS[:1])
     tracking.log_round(RECORDS[1])
     tracking.finish({"rounds": 2}, tmp_path)
     made = [call[0] for call in tracker.calls]
@@ -304,7 +304,7 @@ def test_a_failing_call_warns_once_and_switches_the_tracker_off(tmp_path, failin
     assert never_begun.calls == []
     with pytest.raises(TrackingError, match=f"the recorder tracker failed \\(RuntimeError: {failing} broke\\)"):
         exporting = RunTracking(Recorder(failing))  # an export raises instead
-        exporting.begin(IDENTITY, {}, RECORDS)
+        exporting.begin(lambda: IDENTITY, {}, lambda: RECORDS)
         exporting.finish({"rounds": 2}, tmp_path)
 
 

@@ -306,7 +306,7 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
             None if built.warm_start is None else built.warm_start[1]))
         # The tracked run begins with the rounds a resumed run's log already holds.
         tracking.begin(lambda: run_identity(run_dir, resolved, dataset.fingerprint, "+".join(run_sources({"provenance": starts}))),
-                       resolved, (lambda: read_log(run_dir)) if completed_rounds else ())
+                       resolved, (lambda: read_log(run_dir)) if completed_rounds else tuple)
 
     def round_written(record: dict[str, Any]) -> None:
         tracking.log_round(record)

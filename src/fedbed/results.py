@@ -21,6 +21,7 @@ Tables:
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import sqlite3
 from collections.abc import Sequence
@@ -94,11 +95,19 @@ def warm_start_from_sweep(source: Path, named: dict[str, Any]) -> bool:
     if source.parent.resolve() != Path(named.get("sweep", "")).resolve():
         return False
     try:
-        settings = yaml.safe_load((source / CONFIG_NAME).read_text()) or {}
+        algorithm, seed = _algorithm_and_seed(source.resolve())
     except (OSError, yaml.YAMLError):
         return False
-    return settings.get("algorithm") == named.get("algorithm") and (
-        "seed" not in named or settings.get("seed") == named["seed"])
+    return algorithm == named.get("algorithm") and ("seed" not in named or seed == named["seed"])
+
+
+@functools.lru_cache(maxsize=1024)
+def _algorithm_and_seed(run_dir: Path) -> tuple[Any, Any]:
+    """A run's recorded algorithm and seed (its ``config.yaml``, written once when the run
+    starts: read once per process however many runs and variants of a report name it; a failed
+    read raises, ``OSError`` or ``yaml.YAMLError``, and is not cached)."""
+    settings = yaml.safe_load((run_dir / CONFIG_NAME).read_text()) or {}
+    return settings.get("algorithm"), settings.get("seed")
 
 
 def variant_of(config: dict[str, Any], variants: dict[str, dict[str, Any]]) -> str | None:

@@ -369,19 +369,18 @@ class RunTracking:
         self.warn(f"warning: the {tracker.name} tracker failed ({reason}); it is off for the rest of this run, "
                   "which goes on (its records stay complete in the run folder: `fedbed export` sends them again)")
 
-    def begin(self, identity: RunIdentity | Callable[[], RunIdentity], settings: dict[str, Any],
-              earlier_rounds: Iterable[dict[str, Any]] | Callable[[], Iterable[dict[str, Any]]] = ()) -> None:
-        """Start the tracked run with its identity and settings, then log ``earlier_rounds``
-        (a resumed run's, or an exported run's records). Either may be given as a function that
-        reads it: it is called only when a tracker is on, and its failure is the tracker's (one
+    def begin(self, identity: Callable[[], RunIdentity], settings: dict[str, Any],
+              earlier_rounds: Callable[[], Iterable[dict[str, Any]]] = tuple) -> None:
+        """Start the tracked run with the identity ``identity()`` reads and its settings, then log
+        the records ``earlier_rounds()`` reads (a resumed run's, or an exported run's). The two
+        readers are called only when a tracker is on, and their failure is the tracker's (one
         warning, the run goes on)."""
         self.started = True
         tracker = self.tracker
         if tracker is None:
             return
         try:
-            identity = identity() if callable(identity) else identity
-            earlier_rounds = list(earlier_rounds() if callable(earlier_rounds) else earlier_rounds)
+            identity, earlier_rounds = identity(), list(earlier_rounds())
         except Exception as error:
             self._failed(tracker, "start", error)
             return
@@ -452,6 +451,6 @@ def export_run(run_dir: Path, tracker: str, tracker_uri: str | None = None) -> R
     summary = json.loads((run_dir / SUMMARY_NAME).read_text())
     identity = run_identity(run_dir, settings, summary.get("data_fingerprint"), "+".join(run_sources(summary)))
     tracking = RunTracking(make_tracker(tracker, run_dir, tracker_uri))
-    tracking.begin(identity, settings, read_log(run_dir))
+    tracking.begin(lambda: identity, settings, lambda: read_log(run_dir))
     tracking.finish(summary, run_dir)
     return identity
