@@ -186,6 +186,9 @@ def test_the_script_by_its_full_path_without_the_environment_on_path_and_sigterm
     finally:
         job.kill()
     assert job.returncode == 130 and "stopped: interrupted" in output
+    # Gone when the launcher exits, also those Flower starts in sessions of their own (the
+    # SuperLink's SuperExec and the ServerApp's process it started).
+    assert not flower_processes_of(tmp_path)
 
 
 def test_a_failed_deployment_keeps_its_logs_in_the_run_directory(tmp_path, monkeypatch):

@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import psutil
+
 from fedbed.config import ConfigError, ExperimentConfig, ValidatedConfig, as_validated
 from fedbed.flower.apps import (
     BACKEND_KEY,
@@ -275,9 +277,13 @@ class Processes:
 
     @staticmethod
     def _stop(members: list[subprocess.Popen]) -> None:
-        for member in members:
+        # Flower starts some processes in sessions of their own (the SuperLink's SuperExec, and the
+        # ServerApp's process it starts): their groups are stopped too, rather than left running
+        # until they notice that their parent is gone.
+        leaders = [leader for member in members for leader in _detached_descendants(member.pid)]
+        for pid in [member.pid for member in members] + [leader.pid for leader in leaders]:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(member.pid, signal.SIGTERM)
+                os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
         for member in members:
             try:
@@ -288,9 +294,28 @@ class Processes:
                 member.wait()
             with contextlib.suppress(ProcessLookupError):  # children left behind in the group
                 os.killpg(member.pid, signal.SIGKILL)
+        psutil.wait_procs(leaders, timeout=max(0.0, deadline - time.monotonic()))
+        for leader in leaders:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(leader.pid, signal.SIGKILL)
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.started.values()] + [p.pid for group in self.companions.values() for p in group]
+
+
+def _detached_descendants(pid: int) -> list[psutil.Process]:
+    """The descendants of process ``pid`` that lead a process group of their own (started in a
+    new session), whom a signal to ``pid``'s group does not reach."""
+    try:
+        descendants = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    leaders = []
+    for descendant in descendants:
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(descendant.pid) == descendant.pid:
+                leaders.append(descendant)
+    return leaders
 
 
 def last_lines(log: Path, count: int = 3) -> str:
