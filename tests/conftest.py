@@ -7,20 +7,26 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-import torch
-
-from fedbed.data.base import DomainDataset
-from tests.helpers import make_dataset
-
 # pytest-xdist runs the suite in worker processes (``addopts`` in pyproject.toml). Their torch
-# threads, and those of the processes the tests start, share the cores rather than oversubscribe
-# them (two workers on two cores: one thread each; OpenMP threads waiting on a busy core stall).
+# and BLAS threads, and those of the processes the tests start, share the cores rather than
+# oversubscribe them (two workers on two cores: one thread each; OpenMP and OpenBLAS threads
+# waiting on a busy core spin and stall). The variable is set before torch loads numpy's OpenBLAS,
+# which reads it once; threadpoolctl limits whatever a plugin loaded earlier.
 XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 TORCH_THREADS = max(1, min(2, (os.cpu_count() or 1) // XDIST_WORKERS))
 if XDIST_WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(TORCH_THREADS))
+
+import pytest  # noqa: E402 (after the thread settings)
+import torch  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
+
+from fedbed.data.base import DomainDataset  # noqa: E402
+from tests.helpers import make_dataset  # noqa: E402
+
 torch.set_num_threads(TORCH_THREADS)
+if XDIST_WORKERS > 1:
+    threadpool_limits(limits=TORCH_THREADS)
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

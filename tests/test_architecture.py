@@ -300,3 +300,19 @@ def test_no_module_but_the_device_resolver_names_a_device():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in {"cpu", "cuda"}:
                 offenders.append(f"{module_name(path)}:{node.lineno} .{node.func.attr}()")
     assert not offenders, f"device names outside fedbed.federation.devices: {offenders}"
+
+
+def test_the_suites_workers_share_the_cores_in_every_thread_pool():
+    """tests/conftest.py: with pytest-xdist workers, torch's and every BLAS/OpenMP pool a worker
+    loaded (numpy's and scipy's OpenBLAS, scikit-learn's OpenMP) use the worker's share of the
+    cores; an OpenBLAS pool of all cores in each worker made numpy-heavy tests stall several-fold."""
+    import scipy.linalg  # noqa: F401 (loads scipy's OpenBLAS)
+    import sklearn  # noqa: F401
+    import torch
+    from threadpoolctl import threadpool_info
+
+    from tests.conftest import TORCH_THREADS
+
+    pools = {pool["filepath"]: pool["num_threads"] for pool in threadpool_info()}
+    assert pools and all(threads <= TORCH_THREADS for threads in pools.values()), pools
+    assert torch.get_num_threads() <= TORCH_THREADS
