@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from fedbed.reporting import format_spread, mean_std_se, ood_table, paired_pairs, paired_t_test
+from fedbed.reporting import format_spread, mean_std_se, ood_table, paired_pairs, paired_t_test, tidy_rows
 
 
 def test_std_and_se_by_hand():
@@ -31,6 +31,24 @@ def test_table_and_pairing():
     table = ood_table(runs, ["a", "b"], ["t1", "t2"], "last")
     assert "| a | 15.0 ± 7.1 | 30.0 | 22.5 |" in table and "± std over seeds" in table
     assert paired_pairs(runs, "a", "b", "last") == ([10, 30], [5, 7])
+
+
+def test_a_run_without_a_score_under_a_rule_is_a_missing_cell_not_a_failure():
+    """A lost site's id holdout share leaves a round's id score null in summary.json (and
+    train-domain validation, with no scored round, chooses none): the report leaves the run out of
+    that cell's mean, prints "–" where no run has a score, and pairs only scored runs."""
+    runs = [summary("a", "t1", 0, 10), summary("a", "t1", 1, None), summary("a", "t2", 0, None), summary("b", "t1", 0, 5),
+            summary("b", "t1", 1, 6), summary("b", "t2", 0, 7)]
+    table = ood_table(runs, ["a", "b"], ["t1", "t2"], "last")
+    assert "| a | 10.0 | – | – |" in table
+    assert paired_pairs(runs, "a", "b", "last") == ([10], [5])
+    for run in runs:
+        run["label"] = run["algorithm"]
+        run["selection"]["last"]["id_mean"] = None
+    rows = tidy_rows(runs, "last")
+    assert not [r for r in rows if r["metric"] == "id"]  # no run has an id score
+    assert [(r["label"], r["target"], r["mean"], r["n"]) for r in rows if r["metric"] == "ood"] == [
+        ("a", "t1", 10.0, 1), ("b", "t1", 5.5, 2), ("b", "t2", 7.0, 1)]
 
 
 def write_sweep(folder, runs, grid, logs=None, names=None):

@@ -108,10 +108,11 @@ def score_table(
         for target in targets:
             runs = [s for s in summaries if s[group_key] == group and s["target"] == target]
             for selection in selections:
-                values = [s["selection"][selection][f"{kind}_mean"] for s in runs]
+                scores = [s["selection"][selection][f"{kind}_mean"] for s in runs]
+                values = [value for value in scores if value is not None]  # None: no score (a lost site's)
                 if per_seed:
-                    by_seed = {s["seed"]: s["selection"][selection][f"{kind}_mean"] for s in runs}
-                    cells += [f"{by_seed[seed]:.1f}" if seed in by_seed else "–" for seed in seeds[target]]
+                    by_seed = {s["seed"]: score for s, score in zip(runs, scores)}
+                    cells += [f"{by_seed[seed]:.1f}" if by_seed.get(seed) is not None else "–" for seed in seeds[target]]
                 collapsed = " †" if any(s.get("collapse") for s in runs) else ""  # collapse_notes names the runs
                 cells.append(format_spread(values, spread) + collapsed if values else "–")
                 if values:
@@ -155,6 +156,9 @@ def tidy_rows(summaries: list[dict[str, Any]], selections: str | Sequence[str]) 
                     summary["selection"][selection][f"{metric}_mean"])
     records = []
     for (label, target, position, metric), values in sorted(groups.items()):
+        values = [value for value in values if value is not None]  # None: no score (a lost site's)
+        if not values:
+            continue
         mean, std, se = mean_std_se(values)
         records.append({"label": label, "algorithm": algorithms[label], "target": target,
                         "selection": selections[position], "metric": metric, "mean": mean,
@@ -186,7 +190,8 @@ def paired_pairs(
 ) -> tuple[list[float], list[float]]:
     """ood scores of ``method`` and ``baseline`` matched on (target, seed)."""
     def scores(group):
-        return {(s["target"], s["seed"]): s["selection"][selection]["ood_mean"] for s in summaries if s[group_key] == group}
+        return {(s["target"], s["seed"]): s["selection"][selection]["ood_mean"] for s in summaries
+                if s[group_key] == group and s["selection"][selection]["ood_mean"] is not None}
 
     a, b = scores(method), scores(baseline)
     keys = sorted(set(a) & set(b))
