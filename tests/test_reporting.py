@@ -142,6 +142,20 @@ def test_csv_report_is_tidy_numbers(tmp_path):
     assert ood_b["std"] == "" and ood_b["se"] == "" and len(records) == 4
 
 
+def test_fedbed_report_and_its_html_page_take_a_run_without_an_id_score(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedbed.cli import app
+
+    runs = [("fedavg", {}, "a", 0, None, 10.0), ("fedavg", {}, "a", 1, 72, 12.0)]  # seed 0: no id score
+    write_sweep(tmp_path / "sweep", runs, {})
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--selection", "last", "--per-seed",
+                                      "--html", str(tmp_path / "report.html")])
+    assert result.exit_code == 0, result.output
+    assert "| fedavg | – | 72.0 | 72.0 |" in result.output  # the id table: seed 0 missing, the mean of seed 1
+    assert (tmp_path / "report.html").stat().st_size > 0
+
+
 def test_a_t_test_of_identical_columns_says_why_it_is_undefined():
     from fedbed.reporting import t_test_rows
 

@@ -5,6 +5,7 @@ curves, per-domain bars and the alignment telemetry across runs)."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -307,8 +308,8 @@ def plot_sweep(sweep_dirs: Path | Sequence[Path], selection: str = "train_domain
             heights = []
             for domain in domains:
                 values = [s["selection"][selection][kind][domain] for s in summaries
-                          if s["label"] == label and domain in s["selection"][selection][kind]]
-                heights.append(statistics.fmean(values) if values else 0.0)
+                          if s["label"] == label and s["selection"][selection][kind].get(domain) is not None]
+                heights.append(statistics.fmean(values) if values else math.nan)  # no score: no bar
             axis.bar([i + position * width for i in range(len(domains))], heights, width, label=label)
         axis.set_xticks([i + 0.4 - width / 2 for i in range(len(domains))], domains)
         axis.set_title(f"{kind} accuracy per domain ({selection}{', oracle' if selection == 'oracle' else ''})")
