@@ -122,6 +122,29 @@ def test_select_hparams_chooses_by_source_validation_per_target(tmp_path):
         sweep_tables(tmp_path / "sweep", "oracle", select_hparams=True)
 
 
+def test_select_hparams_leaves_out_runs_without_an_id_score_and_says_when_none_has_one(tmp_path):
+    """A run whose id score is null (no evaluated round scored the source holdouts) does not
+    speak for its label: lambda 1.0's scored seed (75) loses to lambda 0.1's (78) although its
+    unscored seed would have counted as nothing; a target where no run has an id score gets a row
+    that says so and keeps no run, and ``fedbed report --select-hparams`` exits 0."""
+    from typer.testing import CliRunner
+
+    from fedbed.cli import app
+    from fedbed.reporting import build_report
+
+    runs = [("ppdg", {"lam": 0.1}, "a", 0, 78, 10), ("ppdg", {"lam": 0.1}, "a", 1, 76, 12),
+            ("ppdg", {"lam": 1.0}, "a", 0, 75, 50), ("ppdg", {"lam": 1.0}, "a", 1, None, 52),
+            ("ppdg", {"lam": 0.1}, "b", 0, None, 30), ("ppdg", {"lam": 1.0}, "b", 0, None, 20)]
+    write_sweep(tmp_path / "sweep", runs, {"ppdg": {"lam": [0.1, 1.0]}})
+    tables = build_report(tmp_path / "sweep", "last", select_hparams=True).tables
+    choices = {row[1]: row[2:] for row in tables["selected_hyperparameters"][1:]}
+    assert choices["a"] == ["ppdg(lam=0.1)", "lam=0.1", "77.0", "2"]
+    assert choices["b"] == ["– (no run has an id score)", "–", "–", "0"]
+    assert tables["ood"][1][1:] == ["11.0 ± 1.4"]  # target b: no run kept, so no column; its choice row says why
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--selection", "last", "--select-hparams"])
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+
+
 def test_csv_report_is_tidy_numbers(tmp_path):
     import csv
     import io

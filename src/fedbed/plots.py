@@ -263,7 +263,7 @@ def plot_sweep(sweep_dirs: Path | Sequence[Path], selection: str = "train_domain
     """
     import statistics
 
-    from fedbed.reporting import evaluation_notes, scored_runs
+    from fedbed.reporting import evaluation_notes, run_score, scored_runs
     from fedbed.results import as_folders, round_rows, unfinished_runs
 
     folders = as_folders(sweep_dirs)
@@ -307,8 +307,8 @@ def plot_sweep(sweep_dirs: Path | Sequence[Path], selection: str = "train_domain
         for position, label in enumerate(labels):
             heights = []
             for domain in domains:
-                values = [s["selection"][selection][kind][domain] for s in summaries
-                          if s["label"] == label and s["selection"][selection][kind].get(domain) is not None]
+                scores = [run_score(s, selection, kind, domain) for s in summaries if s["label"] == label]
+                values = [value for value in scores if value is not None]
                 heights.append(statistics.fmean(values) if values else math.nan)  # no score: no bar
             axis.bar([i + position * width for i in range(len(domains))], heights, width, label=label)
         axis.set_xticks([i + 0.4 - width / 2 for i in range(len(domains))], domains)

@@ -34,6 +34,23 @@ def collect_summaries(sweep_dirs: Path | Sequence[Path]) -> list[dict[str, Any]]
     return [run.summary for run in finished_runs(sweep_dirs)]
 
 
+def run_score(summary: dict[str, Any], selection: str, metric: str = "ood", domain: str | None = None) -> float | None:
+    """A run's score (accuracy, %) under a selection rule: its domain mean (``metric``: ``"ood"``,
+    the target domains, or ``"id"``, the source holdouts), or one domain's score with ``domain``;
+    ``None`` when the rule scored none: ``null`` in ``summary.json`` (a non-finite number in the
+    strict-JSON record: no evaluated round had that score, e.g. a lost site's holdout share), a
+    ``nan`` read back, or a domain the run did not score. Every table, test, plot and
+    hyperparameter choice reads scores through this one function, so a missing score is left out
+    everywhere alike, never a zero and never a TypeError.
+
+    Raises:
+        KeyError: ``selection`` is not among the summary's rules.
+    """
+    scores = summary["selection"][selection]
+    value = scores[f"{metric}_mean"] if domain is None else scores[metric].get(domain)
+    return None if value is None or math.isnan(value) else float(value)
+
+
 def mean_std_se(values: Sequence[float]) -> tuple[float, float, float]:
     """Mean, sample standard deviation (ddof = 1) and standard error std/√n; std and SE are
     ``nan`` for fewer than two values."""
@@ -108,8 +125,8 @@ def score_table(
         for target in targets:
             runs = [s for s in summaries if s[group_key] == group and s["target"] == target]
             for selection in selections:
-                scores = [s["selection"][selection][f"{kind}_mean"] for s in runs]
-                values = [value for value in scores if value is not None]  # None: no score (a lost site's)
+                scores = [run_score(s, selection, kind) for s in runs]
+                values = [value for value in scores if value is not None]
                 if per_seed:
                     by_seed = {s["seed"]: score for s, score in zip(runs, scores)}
                     cells += [f"{by_seed[seed]:.1f}" if by_seed.get(seed) is not None else "–" for seed in seeds[target]]
@@ -153,10 +170,10 @@ def tidy_rows(summaries: list[dict[str, Any]], selections: str | Sequence[str]) 
         for position, selection in enumerate(selections):
             for metric in ("ood", "id"):
                 groups.setdefault((summary["label"], summary["target"], position, metric), []).append(
-                    summary["selection"][selection][f"{metric}_mean"])
+                    run_score(summary, selection, metric))
     records = []
     for (label, target, position, metric), values in sorted(groups.items()):
-        values = [value for value in values if value is not None]  # None: no score (a lost site's)
+        values = [value for value in values if value is not None]
         if not values:
             continue
         mean, std, se = mean_std_se(values)
@@ -188,10 +205,11 @@ def ood_table(
 def paired_pairs(
     summaries: list[dict[str, Any]], method: str, baseline: str, selection: str, group_key: str = "algorithm"
 ) -> tuple[list[float], list[float]]:
-    """ood scores of ``method`` and ``baseline`` matched on (target, seed)."""
+    """ood scores of ``method`` and ``baseline`` matched on (target, seed); a run without a
+    score (:func:`run_score`) pairs with nothing."""
     def scores(group):
-        return {(s["target"], s["seed"]): s["selection"][selection]["ood_mean"] for s in summaries
-                if s[group_key] == group and s["selection"][selection]["ood_mean"] is not None}
+        scored = {(s["target"], s["seed"]): run_score(s, selection) for s in summaries if s[group_key] == group}
+        return {key: value for key, value in scored.items() if value is not None}
 
     a, b = scores(method), scores(baseline)
     keys = sorted(set(a) & set(b))
@@ -259,7 +277,10 @@ def select_hyperparameters(summaries: list[dict[str, Any]], selection: str,
         ``(the chosen runs, relabelled by their group; rows (header first) of the choices)``: a
         row per group, target (and seed) with the chosen label, its ``values`` (the
         hyperparameters that differ among the candidates, at the chosen label's values;
-        ``–`` for a single candidate), its id accuracy and the number of candidates.
+        ``–`` for a single candidate), its id accuracy and the number of candidates (labels
+        with at least one run that has an id score, :func:`run_score`; a run without one is left
+        out of its label's mean). A group and target in which no run has an id score gets a row
+        that says so and keeps no run.
 
     Raises:
         ValueError: ``selection`` is ``oracle`` (it would choose by target accuracy).
@@ -273,19 +294,25 @@ def select_hyperparameters(summaries: list[dict[str, Any]], selection: str,
     candidates: dict[tuple, dict[str, list[float]]] = {}
     settings: dict[tuple, dict[str, dict[str, Any]]] = {}
     for summary in summaries:
-        candidates.setdefault(key_of(summary), {}).setdefault(summary["label"], []).append(
-            summary["selection"][selection]["id_mean"])
+        score = run_score(summary, selection, "id")
+        scores = candidates.setdefault(key_of(summary), {})
+        if score is not None:  # a run without an id score cannot speak for its label
+            scores.setdefault(summary["label"], []).append(score)
         settings.setdefault(key_of(summary), {}).setdefault(summary["label"], summary.get("hp", {}))
     chosen = {key: max(scores, key=lambda label: (sum(scores[label]) / len(scores[label]), label))
-              for key, scores in candidates.items()}
+              for key, scores in candidates.items() if scores}
     rule = "id accuracy of each seed's run" if per_seed else "mean id accuracy"
     rows = [[f"selected hyperparameters (highest {rule}, {selection}; source domains only)", "target",
              *(["seed"] if per_seed else []), "chosen", "values", "id", "candidates"]]
-    for key, label in sorted(chosen.items()):
+    for key in sorted(candidates):
+        label = chosen.get(key)
+        if label is None:
+            rows.append([key[0], *(str(part) for part in key[1:]), "– (no run has an id score)", "–", "–", "0"])
+            continue
         values = candidates[key][label]
         rows.append([key[0], *(str(part) for part in key[1:]), label, differing_values(settings[key], label),
                      f"{sum(values) / len(values):.1f}", str(len(candidates[key]))])
-    kept = [{**summary, "label": summary["group"]} for summary in summaries if chosen[key_of(summary)] == summary["label"]]
+    kept = [{**summary, "label": summary["group"]} for summary in summaries if chosen.get(key_of(summary)) == summary["label"]]
     return kept, rows
 
 
