@@ -10,12 +10,14 @@ from pathlib import Path
 # pytest-xdist runs the suite in worker processes (``addopts`` in pyproject.toml). Their torch
 # and BLAS threads, and those of the processes the tests start, share the cores rather than
 # oversubscribe them (two workers on two cores: one thread each; OpenMP and OpenBLAS threads
-# waiting on a busy core spin and stall). The variable is set before torch loads numpy's OpenBLAS,
-# which reads it once; threadpoolctl limits whatever a plugin loaded earlier.
+# waiting on a busy core spin and stall). The variables are set, over any value the shell gave,
+# before torch loads numpy's OpenBLAS and before scikit-learn's OpenMP loads (each reads them once
+# when it loads); threadpoolctl limits whatever a plugin loaded earlier. Without xdist (``-n0``)
+# the one process keeps to TORCH_THREADS too.
 XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 TORCH_THREADS = max(1, min(2, (os.cpu_count() or 1) // XDIST_WORKERS))
-if XDIST_WORKERS > 1:
-    os.environ.setdefault("OMP_NUM_THREADS", str(TORCH_THREADS))
+for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[variable] = str(TORCH_THREADS)
 
 import pytest  # noqa: E402 (after the thread settings)
 import torch  # noqa: E402
@@ -25,8 +27,7 @@ from fedbed.data.base import DomainDataset  # noqa: E402
 from tests.helpers import make_dataset  # noqa: E402
 
 torch.set_num_threads(TORCH_THREADS)
-if XDIST_WORKERS > 1:
-    threadpool_limits(limits=TORCH_THREADS)
+threadpool_limits(limits=TORCH_THREADS)
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

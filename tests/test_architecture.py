@@ -303,9 +303,10 @@ def test_no_module_but_the_device_resolver_names_a_device():
 
 
 def test_the_suites_workers_share_the_cores_in_every_thread_pool():
-    """tests/conftest.py: with pytest-xdist workers, torch's and every BLAS/OpenMP pool a worker
-    loaded (numpy's and scipy's OpenBLAS, scikit-learn's OpenMP) use the worker's share of the
-    cores; an OpenBLAS pool of all cores in each worker made numpy-heavy tests stall several-fold."""
+    """tests/conftest.py: torch's and every BLAS/OpenMP pool a worker loaded (numpy's and scipy's
+    OpenBLAS, scikit-learn's OpenMP) use the worker's share of the cores, whatever thread counts
+    the shell set and with or without xdist; an OpenBLAS pool of all cores in each worker made
+    numpy-heavy tests stall several-fold."""
     import scipy.linalg  # noqa: F401 (loads scipy's OpenBLAS)
     import sklearn  # noqa: F401
     import torch

@@ -139,3 +139,23 @@ def test_a_method_with_modules_of_its_own_starts_from_the_shared_arrays_when_ask
     assert list(loaded) == ["featurizer.backbone.a"] and kept == ["classifier.w", "generator.w"]
     with pytest.raises(ConfigError, match="give init_from"):
         validate(ExperimentConfig(algorithm="fedavg", init_from_arrays="matching", **SMALL))
+
+
+def test_a_sweep_form_warm_start_reads_a_remade_source_runs_config_again(tmp_path):
+    """``results.warm_start_from_sweep`` reads a source run's algorithm and seed once per process,
+    and again after the run was remade (``--overwrite`` with another algorithm): a long-lived
+    process (a notebook) never matches a variant by what the folder held before."""
+    import os
+
+    from fedbed.results import warm_start_from_sweep
+
+    run = tmp_path / "inits" / "job"
+    run.mkdir(parents=True)
+    (run / CONFIG_NAME).write_text(yaml.safe_dump({"algorithm": "fedavg", "seed": 0}))
+    named = {"sweep": str(tmp_path / "inits"), "algorithm": "fedavg"}
+    assert warm_start_from_sweep(run, named)
+    (run / CONFIG_NAME).write_text(yaml.safe_dump({"algorithm": "central", "seed": 0}))
+    written = (run / CONFIG_NAME).stat()
+    os.utime(run / CONFIG_NAME, ns=(written.st_atime_ns, written.st_mtime_ns + 1_000_000))  # a coarse clock
+    assert not warm_start_from_sweep(run, named)
+    assert warm_start_from_sweep(run, {**named, "algorithm": "central"})

@@ -134,13 +134,21 @@ def test_select_hparams_leaves_out_runs_without_an_id_score_and_says_when_none_h
 
     runs = [("ppdg", {"lam": 0.1}, "a", 0, 78, 10), ("ppdg", {"lam": 0.1}, "a", 1, 76, 12),
             ("ppdg", {"lam": 1.0}, "a", 0, 75, 50), ("ppdg", {"lam": 1.0}, "a", 1, None, 52),
-            ("ppdg", {"lam": 0.1}, "b", 0, None, 30), ("ppdg", {"lam": 1.0}, "b", 0, None, 20)]
-    write_sweep(tmp_path / "sweep", runs, {"ppdg": {"lam": [0.1, 1.0]}})
-    tables = build_report(tmp_path / "sweep", "last", select_hparams=True).tables
-    choices = {row[1]: row[2:] for row in tables["selected_hyperparameters"][1:]}
-    assert choices["a"] == ["ppdg(lam=0.1)", "lam=0.1", "77.0", "2"]
-    assert choices["b"] == ["– (no run has an id score)", "–", "–", "0"]
-    assert tables["ood"][1][1:] == ["11.0 ± 1.4"]  # target b: no run kept, so no column; its choice row says why
+            ("ppdg", {"lam": 0.1}, "b", 0, None, 30), ("ppdg", {"lam": 1.0}, "b", 0, None, 20),
+            ("fedsr", {"alpha": 1}, "a", 0, None, 40), ("fedsr", {"alpha": 2}, "a", 0, None, 41),
+            ("fedavg", {}, "a", 0, 70, 30)]
+    write_sweep(tmp_path / "sweep", runs, {"ppdg": {"lam": [0.1, 1.0]}, "fedsr": {"alpha": [1, 2]}})
+    report = build_report(tmp_path / "sweep", "last", select_hparams=True)
+    tables = report.tables
+    choices = {(row[0], row[1]): row[2:] for row in tables["selected_hyperparameters"][1:]}
+    assert choices["ppdg", "a"] == ["ppdg(lam=0.1)", "lam=0.1", "77.0", "2"]
+    assert choices["ppdg", "b"] == choices["fedsr", "a"] == ["– (no run has an id score)", "–", "–", "0"]
+    # target b: no run kept, so no column; its choice row says why. fedsr keeps no run at all but keeps its row.
+    assert tables["ood"][1:] == [["fedavg", "30.0"], ["fedsr", "–"], ["ppdg", "11.0 ± 1.4"]]
+    assert not [note for note in report.notes if "without an" in note]  # every kept run has its scores
+    plain = build_report(tmp_path / "sweep", "last")
+    assert ("last: 5 run(s) without an id score, left out of their cells (fewer seeds there): fedsr(alpha=1) a seed 0, "
+            "fedsr(alpha=2) a seed 0, ppdg(lam=0.1) b seed 0, ppdg(lam=1.0) a seed 1, ppdg(lam=1.0) b seed 0") in plain.notes
     result = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--selection", "last", "--select-hparams"])
     assert result.exit_code == 0 and "Traceback" not in result.output, result.output
 

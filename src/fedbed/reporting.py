@@ -37,18 +37,35 @@ def collect_summaries(sweep_dirs: Path | Sequence[Path]) -> list[dict[str, Any]]
 def run_score(summary: dict[str, Any], selection: str, metric: str = "ood", domain: str | None = None) -> float | None:
     """A run's score (accuracy, %) under a selection rule: its domain mean (``metric``: ``"ood"``,
     the target domains, or ``"id"``, the source holdouts), or one domain's score with ``domain``;
-    ``None`` when the rule scored none: ``null`` in ``summary.json`` (a non-finite number in the
-    strict-JSON record: no evaluated round had that score, e.g. a lost site's holdout share), a
-    ``nan`` read back, or a domain the run did not score. Every table, test, plot and
+    ``None`` when the rule scored none (:func:`fedbed.federation.evaluation.recorded_score`: ``null``
+    or ``nan``) or for a domain the run did not score. Every table, test, plot and
     hyperparameter choice reads scores through this one function, so a missing score is left out
-    everywhere alike, never a zero and never a TypeError.
+    everywhere alike, never a zero and never a TypeError; :func:`missing_score_notes` says which
+    runs a report left out.
 
     Raises:
         KeyError: ``selection`` is not among the summary's rules.
     """
+    from fedbed.federation.evaluation import recorded_score
+
     scores = summary["selection"][selection]
-    value = scores[f"{metric}_mean"] if domain is None else scores[metric].get(domain)
-    return None if value is None or math.isnan(value) else float(value)
+    return recorded_score(scores[f"{metric}_mean"] if domain is None else scores[metric].get(domain))
+
+
+def missing_score_notes(summaries: list[dict[str, Any]], selections: Sequence[str]) -> list[str]:
+    """One note per rule and metric (``ood``, ``id``) under which some runs have no score
+    (:func:`run_score`): how many were left out of their cells' means, and which (label, target,
+    seed), so that a cell averaged over fewer seeds than the others is never taken for one over
+    all of them."""
+    notes = []
+    for selection in selections:
+        for metric in ("ood", "id"):
+            missing = sorted(f"{s['label']} {s['target']} seed {s['seed']}" for s in summaries
+                             if run_score(s, selection, metric) is None)
+            if missing:
+                notes.append(f"{selection}: {len(missing)} run(s) without an {metric} score, left out of their cells "
+                             f"(fewer seeds there): {', '.join(missing)}")
+    return notes
 
 
 def mean_std_se(values: Sequence[float]) -> tuple[float, float, float]:
@@ -485,7 +502,9 @@ def build_report(
         raise ValueError("--select-per-seed says how --select-hparams chooses; give --select-hparams too")
     if select_hparams:
         summaries, choices = select_hyperparameters(summaries, selections[0], select_per_seed)
-    shown = sorted({s["label"] for s in summaries})
+    # A group whose runs have no id score in any target keeps no run, but keeps its row (of "–")
+    # and its choice rows, which say why.
+    shown = sorted({s["label"] for s in summaries} | {row[0] for row in (choices or [[]])[1:]})
     for label in labels:
         if label not in shown:
             raise ValueError(f"label {label!r} is not among the runs' labels: {', '.join(shown)}")
@@ -509,7 +528,8 @@ def build_report(
         warnings.append(f"note: {len(unfinished)} unfinished run(s) left out (no {SUMMARY_NAME} yet), e.g. {unfinished[0]}")
     runs = [run for run in runs if run.summary["group" if select_hparams else "label"] in labels]
     return Report(selections, tables, summaries, runs,
-                  [f"data: {line}" for line in sources] + evaluation_notes(summaries) + collapse_notes(summaries), warnings)
+                  [f"data: {line}" for line in sources] + evaluation_notes(summaries) + collapse_notes(summaries)
+                  + missing_score_notes(summaries, selections), warnings)
 
 
 def render_report(report: Report, format: str = "markdown") -> str:

@@ -95,18 +95,21 @@ def warm_start_from_sweep(source: Path, named: dict[str, Any]) -> bool:
     if source.parent.resolve() != Path(named.get("sweep", "")).resolve():
         return False
     try:
-        algorithm, seed = _algorithm_and_seed(source.resolve())
+        config = source.resolve() / CONFIG_NAME
+        written = config.stat()
+        algorithm, seed = _algorithm_and_seed(config, written.st_mtime_ns, written.st_size)
     except (OSError, yaml.YAMLError):
         return False
     return algorithm == named.get("algorithm") and ("seed" not in named or seed == named["seed"])
 
 
 @functools.lru_cache(maxsize=1024)
-def _algorithm_and_seed(run_dir: Path) -> tuple[Any, Any]:
-    """A run's recorded algorithm and seed (its ``config.yaml``, written once when the run
-    starts: read once per process however many runs and variants of a report name it; a failed
-    read raises, ``OSError`` or ``yaml.YAMLError``, and is not cached)."""
-    settings = yaml.safe_load((run_dir / CONFIG_NAME).read_text()) or {}
+def _algorithm_and_seed(config: Path, modified_ns: int, size: int) -> tuple[Any, Any]:
+    """The algorithm and seed a run's ``config.yaml`` records, read once per process however
+    many runs and variants of a report name it, and again when the file changes (its modification
+    time in ns and its size are part of the key: a run remade with ``--overwrite``). A failed read
+    raises, ``OSError`` or ``yaml.YAMLError``, and is not cached."""
+    settings = yaml.safe_load(config.read_text()) or {}
     return settings.get("algorithm"), settings.get("seed")
 
 

@@ -322,12 +322,26 @@ def mean_of_last_evaluations(evaluations: list[dict[str, Any]]) -> dict[str, Any
             "selection": LAST_FIVE_MEAN}
 
 
+def recorded_score(value: float | None) -> float | None:
+    """A score as a record holds it, or ``None`` when there is none: ``null`` (how the strict-JSON
+    ``summary.json`` and ``rounds.jsonl`` write a non-finite number: no evaluated round had that
+    score, e.g. a lost site's holdout share) or ``nan`` (the same score before it was written).
+    Everything that reads a run's scores for a person (``fedbed run``'s table, reports, plots)
+    reads them through this, so a missing score is shown as missing, never as a number."""
+    return None if value is None or math.isnan(value) else float(value)
+
+
 def format_domain_table(selected: dict[str, dict[str, Any]]) -> str:
     """A plain-text table: one row per selection rule, one column per domain (id then ood); a
-    linear probe's spread over its repeats (``probe_std``) follows a domain's score after ±."""
+    linear probe's spread over its repeats (``probe_std``) follows a domain's score after ±; a
+    missing score (:func:`recorded_score`; from a summary in memory or read back) is "–"."""
+    def shown(value: float | None) -> str:
+        score = recorded_score(value)
+        return "–" if score is None else f"{score:.1f}"
+
     def cell(entry: dict[str, Any], kind: str, domain: str) -> str:
-        deviation = entry.get("probe_std", {}).get(kind, {}).get(domain)
-        return f"{entry[kind][domain]:.1f}" + ("" if deviation is None else f"±{deviation:.1f}")
+        deviation = recorded_score(entry.get("probe_std", {}).get(kind, {}).get(domain))
+        return shown(entry[kind].get(domain)) + ("" if deviation is None else f"±{deviation:.1f}")
 
     first = next(iter(selected.values()))
     id_domains, ood_domains = list(first["id"]), list(first["ood"])
@@ -337,8 +351,8 @@ def format_domain_table(selected: dict[str, dict[str, Any]]) -> str:
     for rule, entry in selected.items():
         label = "oracle (reads target)" if rule == "oracle" else rule
         row = [label, "–" if entry["round"] is None else str(entry["round"])]
-        row += [cell(entry, "id", d) for d in id_domains] + [f"{entry['id_mean']:.1f}"]
-        row += [cell(entry, "ood", d) for d in ood_domains] + [f"{entry['ood_mean']:.1f}"]
+        row += [cell(entry, "id", d) for d in id_domains] + [shown(entry["id_mean"])]
+        row += [cell(entry, "ood", d) for d in ood_domains] + [shown(entry["ood_mean"])]
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in rows]

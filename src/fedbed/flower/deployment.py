@@ -277,10 +277,11 @@ class Processes:
 
     @staticmethod
     def _stop(members: list[subprocess.Popen]) -> None:
-        # Flower starts some processes in sessions of their own (the SuperLink's SuperExec, and the
-        # ServerApp's process it starts): their groups are stopped too, rather than left running
-        # until they notice that their parent is gone.
-        leaders = [leader for member in members for leader in _detached_descendants(member.pid)]
+        # Flower starts the SuperLink's SuperExec in a session of its own (and the ServerApp's
+        # process in the SuperExec's group): such groups are stopped too, rather than left running
+        # until they notice that their parent is gone. A member already reaped (stopped on its
+        # own earlier) is not searched: its PID may belong to another process by now.
+        leaders = [leader for member in members if member.poll() is None for leader in _detached_descendants(member.pid)]
         for pid in [member.pid for member in members] + [leader.pid for leader in leaders]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGTERM)
