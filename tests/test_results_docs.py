@@ -83,3 +83,13 @@ def test_a_bad_block_is_one_line_naming_it(tmp_path, monkeypatch, block, message
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
     assert message in result.output and "Traceback" not in result.output
     assert doc.read_text() == f"# Results\n\n{block}"
+
+
+def test_no_line_of_prose_starts_with_a_plus_that_markdown_would_make_a_list():
+    """"+ intra" (a row's name) at the start of a wrapped line opens a bullet list in CommonMark
+    (a list item may interrupt a paragraph); the docs write "\\+ intra" there."""
+    import re
+
+    offenders = [f"{path.relative_to(ROOT)}:{number}" for path in [*DOCS, ROOT / "README.md", ROOT / "docs" / "architecture.md"]
+                 for number, line in enumerate(path.read_text().splitlines(), 1) if re.match(r" *\+ ", line)]
+    assert not offenders, offenders
