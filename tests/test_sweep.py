@@ -141,6 +141,14 @@ def test_results_report_and_html(tmp_path):
         assert db.execute("SELECT COUNT(*) FROM rounds").fetchone()[0] == 16
     bad = runner.invoke(app, ["results", str(tmp_path), "--where", "colour=red"])
     assert bad.exit_code == 2 and "unknown column" in bad.output
+    summary_path = next(tmp_path.glob("*/summary.json"))
+    written = summary_path.read_text()
+    summary = json.loads(written)
+    summary["selection"]["train_domain_val"].update(round=None, id_mean=None, ood_mean=None)  # no round scored
+    summary_path.write_text(json.dumps(summary))
+    listed = runner.invoke(app, ["results", str(tmp_path)])
+    assert listed.exit_code == 0 and "None" not in listed.output and "–" in listed.output, listed.output
+    summary_path.write_text(written)
 
     html_path = tmp_path / "report.html"
     result = runner.invoke(app, ["report", str(tmp_path), "--baseline", "fedavg", "--spread", "se", "--html", str(html_path)])

@@ -443,7 +443,10 @@ def results(
     except ResultsError as error:
         fail(str(error))
     columns = ["label", "target", "seed", "done", "train_domain_val_round", "train_domain_val_id", "train_domain_val_ood", "run"]
-    table = [columns] + [[f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c]) for c in columns] for r in rows]
+    def shown(value: Any) -> str:  # no score (an unfinished run; no round scored): "–", as in reports
+        return "–" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
+
+    table = [columns] + [[shown(r[c]) for c in columns] for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
     for row in table:
         typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
