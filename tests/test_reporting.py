@@ -3,7 +3,8 @@ import re
 
 import pytest
 
-from fedbed.reporting import format_spread, mean_std_se, ood_table, paired_pairs, paired_t_test, tidy_rows
+from fedbed.federation.evaluation import format_score
+from fedbed.reporting import format_spread, mean_std_se, ood_table, paired_pairs, paired_t_test, score_table, tidy_rows
 
 
 def test_std_and_se_by_hand():
@@ -41,6 +42,9 @@ def test_a_run_without_a_score_under_a_rule_is_a_missing_cell_not_a_failure():
             summary("b", "t1", 1, 6), summary("b", "t2", 0, 7)]
     table = ood_table(runs, ["a", "b"], ["t1", "t2"], "last")
     assert "| a | 10.0 | – | – |" in table
+    per_seed = score_table(runs, ["a"], ["t1"], "last", "ood", per_seed=True)  # seed 1's cell: no score
+    assert per_seed[1][1:] == ["10.0", "–", "10.0"]
+    assert (format_score(None), format_score(math.nan), format_score(12.34)) == ("–", "–", "12.3")
     assert paired_pairs(runs, "a", "b", "last") == ([10], [5])
     for run in runs:
         run["label"] = run["algorithm"]

@@ -429,6 +429,7 @@ def results(
     where: Annotated[Optional[list[str]], typer.Option(help="Filter column=value (repeatable).")] = None,
 ) -> None:
     """Index the runs below a folder into results.sqlite and list them as a table."""
+    from fedbed.federation.evaluation import format_score
     from fedbed.results import ResultsError, index_runs, query_runs
 
     filters = {}
@@ -444,7 +445,7 @@ def results(
         fail(str(error))
     columns = ["label", "target", "seed", "done", "train_domain_val_round", "train_domain_val_id", "train_domain_val_ood", "run"]
     def shown(value: Any) -> str:  # no score (an unfinished run; no round scored): "–", as in reports
-        return "–" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
+        return format_score(value) if value is None or isinstance(value, float) else str(value)
 
     table = [columns] + [[shown(r[c]) for c in columns] for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(columns))]

@@ -116,6 +116,8 @@ def score_table(
     target's runs (``"<target>, seed <s>"``, the run's score) and headed ``"<target>, all seeds"``.
     With more than one target, a "mean" column per rule averages the per-target means (left
     empty unless every target has runs). A missing cell is "–"."""
+    from fedbed.federation.evaluation import format_score
+
     selections = [selections] if isinstance(selections, str) else list(selections)
     label = "± std over seeds" if spread == "std" else "± SE over seeds"
     oracle = " (oracle: reads the target)" if "oracle" in selections else ""
@@ -146,7 +148,7 @@ def score_table(
                 values = [value for value in scores if value is not None]
                 if per_seed:
                     by_seed = {s["seed"]: score for s, score in zip(runs, scores)}
-                    cells += [f"{by_seed[seed]:.1f}" if by_seed.get(seed) is not None else "–" for seed in seeds[target]]
+                    cells += [format_score(by_seed.get(seed)) for seed in seeds[target]]
                 collapsed = " †" if any(s.get("collapse") for s in runs) else ""  # collapse_notes names the runs
                 cells.append(format_spread(values, spread) + collapsed if values else "–")
                 if values:

@@ -331,17 +331,20 @@ def recorded_score(value: float | None) -> float | None:
     return None if value is None or math.isnan(value) else float(value)
 
 
+def format_score(value: float | None) -> str:
+    """A score (accuracy in %) as every table shows it: one decimal, or "–" when the record holds
+    none (:func:`recorded_score`)."""
+    score = recorded_score(value)
+    return "–" if score is None else f"{score:.1f}"
+
+
 def format_domain_table(selected: dict[str, dict[str, Any]]) -> str:
     """A plain-text table: one row per selection rule, one column per domain (id then ood); a
     linear probe's spread over its repeats (``probe_std``) follows a domain's score after ±; a
     missing score (:func:`recorded_score`; from a summary in memory or read back) is "–"."""
-    def shown(value: float | None) -> str:
-        score = recorded_score(value)
-        return "–" if score is None else f"{score:.1f}"
-
     def cell(entry: dict[str, Any], kind: str, domain: str) -> str:
         deviation = recorded_score(entry.get("probe_std", {}).get(kind, {}).get(domain))
-        return shown(entry[kind].get(domain)) + ("" if deviation is None else f"±{deviation:.1f}")
+        return format_score(entry[kind].get(domain)) + ("" if deviation is None else f"±{deviation:.1f}")
 
     first = next(iter(selected.values()))
     id_domains, ood_domains = list(first["id"]), list(first["ood"])
@@ -351,8 +354,8 @@ def format_domain_table(selected: dict[str, dict[str, Any]]) -> str:
     for rule, entry in selected.items():
         label = "oracle (reads target)" if rule == "oracle" else rule
         row = [label, "–" if entry["round"] is None else str(entry["round"])]
-        row += [cell(entry, "id", d) for d in id_domains] + [shown(entry["id_mean"])]
-        row += [cell(entry, "ood", d) for d in ood_domains] + [shown(entry["ood_mean"])]
+        row += [cell(entry, "id", d) for d in id_domains] + [format_score(entry["id_mean"])]
+        row += [cell(entry, "ood", d) for d in ood_domains] + [format_score(entry["ood_mean"])]
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in rows]
