@@ -324,3 +324,37 @@ def test_curves_draw_finished_runs_only_and_say_what_they_left_out(tmp_path, mon
     assert all("left out: 1 unfinished run(s), without summary.json" in notes for notes in captions)
     with pytest.raises(ValueError, match="need a folder to go to"):
         plots.plot_sweep([tmp_path / "sweep", tmp_path / "sweep"])
+
+
+def test_by_round_tables_show_each_evaluated_round_mean_over_seeds_and_the_chosen_runs(tmp_path):
+    """``--by-round ood`` prints, per target, the ood mean at each evaluated round averaged over
+    seeds (by hand: round 1 (20 + 10) / 2 = 15, std 7.1); a logged metric is shown at the same
+    rounds; under ``--select-hparams`` the rows are the chosen runs' logs; an unknown quantity is
+    refused in one line (exit 2)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from fedbed.cli import app
+    from fedbed.reporting import build_report
+
+    runs = [("fedavg", {}, "a", 0, 70, 30.0), ("fedavg", {}, "a", 1, 70, 10.0),
+            ("ppdg", {"lam": 0.1}, "a", 0, 80, 50.0), ("ppdg", {"lam": 1.0}, "a", 0, 60, 90.0)]
+    write_sweep(tmp_path / "sweep", runs, {"ppdg": {"lam": [0.1, 1.0]}},
+                logs=[[20.0, 30.0], [10.0, 10.0], [40.0, 50.0], [80.0, 90.0]])
+    log = tmp_path / "sweep" / "run0" / "rounds.jsonl"
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    for record, loss in zip(records, [2.5, 1.25]):
+        record["metrics"] = {"train_loss": loss}
+    log.write_text("".join(json.dumps(record) + "\n" for record in records))
+    tables = build_report(tmp_path / "sweep", "last", by_round=["ood", "train_loss"]).tables
+    assert tables["by_round:ood:a"] == [["ood by round, target a (± std over seeds)", "1", "2"],
+                                        ["fedavg", "15.0 ± 7.1", "20.0 ± 14.1"],
+                                        ["ppdg(lam=0.1)", "40.0", "50.0"], ["ppdg(lam=1.0)", "80.0", "90.0"]]
+    assert tables["by_round:train_loss:a"][1] == ["fedavg", "2.500", "1.250"]  # seed 1 logged none
+    assert tables["by_round:train_loss:a"][2] == ["ppdg(lam=0.1)", "–", "–"]
+    chosen = build_report(tmp_path / "sweep", "last", select_hparams=True, by_round=["ood"]).tables
+    assert chosen["by_round:ood:a"][1:] == [["fedavg", "15.0 ± 7.1", "20.0 ± 14.1"], ["ppdg", "40.0", "50.0"]]  # lam 0.1: id 80
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--selection", "last", "--by-round", "nosuch"])
+    assert result.exit_code == 2 and "logged a metric 'nosuch'; choose ood, id or one of: train_loss" in result.output
+    assert "Traceback" not in result.output

@@ -489,13 +489,16 @@ def report(
     allow_mixed_data: Annotated[bool, typer.Option(help="Report runs that read different data together.")] = False,
     select_per_seed: Annotated[bool, typer.Option(
         help="With --select-hparams: choose for each seed on its own (DomainBed groups by trial seed).")] = False,
+    by_round: Annotated[Optional[list[str]], typer.Option(
+        help="ood, id, or a metric the rounds logged (e.g. train_loss): a table per target of it at every evaluated "
+             "round, mean over seeds (repeatable).")] = None,
 ) -> None:
     """Tables of one or more sweep folders: labels x targets, mean ± std or ± SE over seeds, paired t-tests."""
     from fedbed.reporting import render_report, write_html_report
 
     try:
         built = report_from_options(sweep_dirs, selection, spread, baseline, compare, target, label, per_seed,
-                                    select_hparams, allow_mixed_data, select_per_seed=select_per_seed)
+                                    select_hparams, allow_mixed_data, select_per_seed=select_per_seed, by_round=by_round)
         text = render_report(built, format)
     except ValueError as error:
         fail(str(error))
@@ -513,7 +516,7 @@ def report(
 
 
 def report_from_options(sweep_dirs, selection, spread, baseline, compare, target, label, per_seed, select_hparams,
-                        allow_mixed_data, select_per_seed=False, **_unused) -> Any:
+                        allow_mixed_data, select_per_seed=False, by_round=None, **_unused) -> Any:
     """The :class:`fedbed.reporting.Report` of ``fedbed report``'s options (by their parameter
     names; options that only say where to write are ignored).
 
@@ -523,7 +526,8 @@ def report_from_options(sweep_dirs, selection, spread, baseline, compare, target
     from fedbed.reporting import build_report
 
     return build_report(sweep_dirs, selection or ["train_domain_val"], spread, baseline or (), compare or (),
-                        select_hparams, target or (), label or (), per_seed, allow_mixed_data, select_per_seed)
+                        select_hparams, target or (), label or (), per_seed, allow_mixed_data, select_per_seed,
+                        by_round or ())
 
 
 def report_block_text(arguments: list[str]) -> str:

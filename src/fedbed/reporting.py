@@ -79,11 +79,12 @@ def mean_std_se(values: Sequence[float]) -> tuple[float, float, float]:
     return mean, std, std / math.sqrt(count)
 
 
-def format_spread(values: Sequence[float], spread: str = "std") -> str:
-    """``"mean ± spread"`` with one decimal; ``spread`` is ``"std"`` or ``"se"``."""
+def format_spread(values: Sequence[float], spread: str = "std", decimals: int = 1) -> str:
+    """``"mean ± spread"`` with ``decimals`` decimals (one: accuracies in %); ``spread`` is
+    ``"std"`` or ``"se"``."""
     mean, std, se = mean_std_se(values)
     value = std if spread == "std" else se
-    return f"{mean:.1f}" if math.isnan(value) else f"{mean:.1f} ± {value:.1f}"
+    return f"{mean:.{decimals}f}" if math.isnan(value) else f"{mean:.{decimals}f} ± {value:.{decimals}f}"
 
 
 def paired_t_test(method: Sequence[float], baseline: Sequence[float]) -> tuple[float, float]:
@@ -221,6 +222,61 @@ def ood_table(
     return to_markdown(score_table(summaries, algorithms, targets, selection, "ood", spread))
 
 
+BY_ROUND_SCORES = ("ood", "id")
+"""The quantities of :func:`by_round_table` read from a round's evaluation (the domain mean);
+any other name is read from the round's ``metrics`` (e.g. ``train_loss``)."""
+
+
+def by_round_table(runs: Sequence[tuple[str, Path]], quantity: str, target: str, spread: str = "std") -> list[list[str]]:
+    """Rows (header first): one per label, one column per round at which a run evaluated; a cell
+    is ``quantity`` at that round, ``mean ± spread`` over the label's runs (seeds), "–" where no
+    run has it. ``ood`` and ``id`` are the evaluation's domain means (accuracy in %, one
+    decimal); any other name is the round's logged metric of that name (three decimals), e.g.
+    ``train_loss`` or FedGaLA's ``discard_ratio``, shown at the same evaluated rounds. Read from
+    each run's ``rounds.jsonl`` (:func:`fedbed.run_result.read_log`); null and NaN count as missing
+    (:func:`fedbed.federation.evaluation.recorded_score`).
+
+    Args:
+        runs: ``(label, run folder)`` of one target's runs, rows in the order of first appearance.
+        quantity: ``ood``, ``id`` or a metric's name.
+        target: the runs' target, for the header.
+        spread: ``"std"`` or ``"se"`` over seeds.
+
+    Raises:
+        ValueError: ``quantity`` is neither a score nor a metric any of the runs logged (the
+            message lists the metrics they did log).
+    """
+    from fedbed.federation.evaluation import recorded_score
+    from fedbed.run_result import read_log
+
+    values: dict[str, dict[int, list[float]]] = {}
+    evaluated: set[int] = set()
+    logged: set[str] = set()
+    for label, path in runs:
+        by_round = values.setdefault(label, {})
+        for record in read_log(path):
+            evaluation, metrics = record.get("evaluation"), record.get("metrics") or {}
+            logged.update(metrics)
+            if not evaluation:
+                continue
+            evaluated.add(record["round"])
+            raw = evaluation.get(f"{quantity}_mean") if quantity in BY_ROUND_SCORES else metrics.get(quantity)
+            value = recorded_score(raw) if isinstance(raw, (int, float)) or raw is None else None
+            if value is not None:
+                by_round.setdefault(record["round"], []).append(value)
+    if quantity not in BY_ROUND_SCORES and quantity not in logged:
+        whole = sorted(name for name in logged if "/" not in name)  # not the per-array ones ("NAME/ARRAY")
+        per_array = f" (and {len(logged) - len(whole)} per-array ones, NAME/ARRAY)" if len(whole) < len(logged) else ""
+        raise ValueError(f"no run of target {target} logged a metric {quantity!r}; choose ood, id or one of: "
+                         f"{', '.join(whole) or 'none'}{per_array}")
+    rounds = sorted(evaluated)
+    decimals = 1 if quantity in BY_ROUND_SCORES else 3
+    label_spread = "± std over seeds" if spread == "std" else "± SE over seeds"
+    header = [f"{quantity} by round, target {target} ({label_spread})", *(str(r) for r in rounds)]
+    return [header] + [[label, *(format_spread(by_round[r], spread, decimals) if by_round.get(r) else "–" for r in rounds)]
+                       for label, by_round in values.items()]
+
+
 def paired_pairs(
     summaries: list[dict[str, Any]], method: str, baseline: str, selection: str, group_key: str = "algorithm"
 ) -> tuple[list[float], list[float]]:
@@ -293,7 +349,8 @@ def select_hyperparameters(summaries: list[dict[str, Any]], selection: str,
         per_seed: choose for each seed on its own, as DomainBed does.
 
     Returns:
-        ``(the chosen runs, relabelled by their group; rows (header first) of the choices)``: a
+        ``(the chosen runs, relabelled by their group, the label they had as ``chosen_label``;
+        rows (header first) of the choices)``: a
         row per group, target (and seed) with the chosen label, its ``values`` (the
         hyperparameters that differ among the candidates, at the chosen label's values;
         ``–`` for a single candidate), its id accuracy and the number of candidates (labels
@@ -331,7 +388,8 @@ def select_hyperparameters(summaries: list[dict[str, Any]], selection: str,
         values = candidates[key][label]
         rows.append([key[0], *(str(part) for part in key[1:]), label, differing_values(settings[key], label),
                      f"{sum(values) / len(values):.1f}", str(len(candidates[key]))])
-    kept = [{**summary, "label": summary["group"]} for summary in summaries if chosen.get(key_of(summary)) == summary["label"]]
+    kept = [{**summary, "label": summary["group"], "chosen_label": summary["label"]}
+            for summary in summaries if chosen.get(key_of(summary)) == summary["label"]]
     return kept, rows
 
 
@@ -419,7 +477,8 @@ class Report:
         selections: the model-selection rules of the tables; the first is the one the t-tests,
             ``select_hparams`` and the plots use.
         tables: rows (header first) by key of :data:`TABLE_HEADINGS`: ``ood``, ``id``, and with
-            comparisons ``t_test``, with ``select_hparams`` ``selected_hyperparameters``.
+            comparisons ``t_test``, with ``select_hparams`` ``selected_hyperparameters``, with
+            ``by_round`` one ``by_round:QUANTITY:TARGET`` each.
         summaries: the labelled summaries the tables read (under ``select_hparams``, the chosen
             runs relabelled by their group).
         runs: the runs of the shown targets and labels (under ``select_hparams``, every candidate
@@ -450,6 +509,7 @@ def build_report(
     per_seed: bool = False,
     allow_mixed_data: bool = False,
     select_per_seed: bool = False,
+    by_round: Sequence[str] = (),
 ) -> Report:
     """The report of one sweep folder or of several read together: rows are labels (method,
     variant and varied hyperparameters, :func:`fedbed.results.labelled_runs`), columns target
@@ -472,13 +532,16 @@ def build_report(
         allow_mixed_data: report runs that read different data together.
         select_per_seed: with ``select_hparams``, choose for each seed on its own (DomainBed's
             grouping by trial seed) instead of by the mean over seeds.
+        by_round: quantities (``ood``, ``id`` or a logged metric's name) to show at every
+            evaluated round: one :func:`by_round_table` per quantity and target, keyed
+            ``by_round:QUANTITY:TARGET``, after the other tables.
 
     Raises:
         ValueError: an unknown rule or spread, no finished run, two different runs under one
             (label, target, seed), a run ``last_five_mean`` cannot score, a target, label,
             baseline or compared label not among the runs', ``select_hparams`` with ``oracle``,
-            ``select_per_seed`` without ``select_hparams``, or runs that read different data
-            without ``allow_mixed_data``.
+            ``select_per_seed`` without ``select_hparams``, runs that read different data
+            without ``allow_mixed_data``, or a ``by_round`` quantity no run logged.
     """
     from fedbed.federation.evaluation import REPORT_SELECTIONS
 
@@ -500,6 +563,7 @@ def build_report(
     targets = list(targets) or found
     runs = [run for run in runs if run.summary["target"] in targets]
     summaries, choices = [run.summary for run in runs], None
+    folder_of = {(run.summary["label"], run.summary["target"], run.summary["seed"]): run.path for run in runs}
     if select_per_seed and not select_hparams:
         raise ValueError("--select-per-seed says how --select-hparams chooses; give --select-hparams too")
     if select_hparams:
@@ -520,6 +584,11 @@ def build_report(
         tables["t_test"] = t_test_rows(summaries, pairs, selections[0])
     if choices is not None:
         tables["selected_hyperparameters"] = [choices[0]] + [row for row in choices[1:] if row[0] in labels]
+    for quantity in by_round:
+        for target in targets:
+            shown_runs = [(s["label"], folder_of[s.get("chosen_label", s["label"]), target, s["seed"]])
+                          for label in labels for s in summaries if s["label"] == label and s["target"] == target]
+            tables[f"by_round:{quantity}:{target}"] = by_round_table(shown_runs, quantity, target, spread)
     sources, mixed = data_sources(summaries)
     if mixed and not allow_mixed_data:
         raise ValueError(f"the runs in {', '.join(str(folder) for folder in folders)} read different data "
@@ -677,7 +746,7 @@ def html_report(tables: dict[str, list[list[str]]], images: list[Path], title: s
                                                         for key, value in settings) + "</table>")
     parts += [f"<p class='note'>{html.escape(note)}</p>" for note in notes]
     for name, rows in tables.items():
-        parts.append(f"<h2>{html.escape(TABLE_HEADINGS.get(name, name))}</h2><table id='{html.escape(name)}'><tr>")
+        parts.append(f"<h2>{html.escape(TABLE_HEADINGS.get(name, rows[0][0]))}</h2><table id='{html.escape(name)}'><tr>")
         parts += [f"<th>{html.escape(c)}</th>" for c in rows[0]]
         parts.append("</tr>")
         for row in rows[1:]:
