@@ -106,13 +106,14 @@ def test_sweep_skips_finished_jobs_and_resumes_an_interrupted_one(tmp_path):
     run_experiment(interrupted.model_copy(update={"rounds": 1}), progress=False, echo=lambda *_: None)
     outcome = run_sweep(spec, tmp_path, progress=False)
     data = outcome.pop("data")
-    assert outcome == {"total": 2, "skipped": 0, "ran": 2, "held": {}, "failed": {}, "other_code": []}
+    assert outcome == {"total": 2, "left_out": 0, "skipped": 0, "ran": 2, "held": {}, "failed": {}, "other_code": []}
     assert len(data) == 1 and data[0].startswith("embedded MNIST sample") and data[0].endswith(": 2 runs")
     lines = (interrupted.run_dir / "rounds.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == [1, 2]
     assert all((job.run_dir / DONE_MARKER).exists() for job in jobs)
     again = run_sweep(spec, tmp_path, progress=False)
-    assert again == {"total": 2, "skipped": 2, "ran": 0, "held": {}, "failed": {}, "other_code": [], "data": data}
+    assert again == {"total": 2, "left_out": 0, "skipped": 2, "ran": 0, "held": {}, "failed": {}, "other_code": [],
+                     "data": data}
     # A finished job that other code made is still skipped, and named.
     summary_path = jobs[0].run_dir / "summary.json"
     summary = json.loads(summary_path.read_text())
@@ -129,6 +130,30 @@ def test_sweep_skips_finished_jobs_and_resumes_an_interrupted_one(tmp_path):
     (interrupted.run_dir / "provenance.jsonl").write_text(json.dumps({"after_round": 0, "source": "0123456789ab"}) + "\n")
     resumed = run_sweep(spec, tmp_path, progress=False)
     assert resumed["ran"] == 1 and resumed["other_code"] == [str(jobs[0].run_dir), str(interrupted.run_dir)]
+
+
+def test_only_runs_a_part_of_a_sweep_whose_jobs_keep_their_identity(tmp_path):
+    """``--only seed=1 --only target=15`` runs the sweep's 2 jobs of seed 1 and target 15 (of 8)
+    into the sweep's folder, under the hashes the whole sweep gives them; a later run of the whole
+    sweep skips them. A key or value the sweep does not have is refused in one line, exit 2."""
+    spec = tiny_spec()
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    result = runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path / "s"), "--no-progress",
+                                 "--only", "seed=1", "--only", "target=15"])
+    assert result.exit_code == 0, result.output
+    assert "tiny: 2 jobs (6 other job(s) of the sweep left for a later run: --only), 0 already done, 2 run" in result.output
+    done = {job.run_dir for job in expand(spec, tmp_path / "s") if (job.run_dir / DONE_MARKER).exists()}
+    assert {(j.seed, j.target, j.algorithm) for j in expand(spec, tmp_path / "s") if j.run_dir in done} == {
+        (1, "15", "fedavg"), (1, "15", "ppdg")}
+    both = run_sweep(spec, tmp_path / "s", progress=False, only={"algorithm": ["ppdg", "fedavg"], "seed": ["1"],
+                                                                     "target": ["15"]})
+    assert (both["total"], both["left_out"], both["skipped"], both["ran"]) == (2, 6, 2, 0)
+    for option, message in (("epoch=1", "--only selects by algorithm, target, seed, not 'epoch'"),
+                            ("target=30", "--only target=30: no job of this sweep has that target; its targets are 0, 15"),
+                            ("seed", "--only expects KEY=VALUE (e.g. --only seed=1), got 'seed'")):
+        result = runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path / "s"), "--no-progress", "--only", option])
+        assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
 
 
 def test_results_report_and_html(tmp_path):

@@ -355,6 +355,9 @@ def sweep(
         help="Torch threads per job (default cores // workers); 1 when another sweep process shares the cores.")] = None,
     data_root: Annotated[Optional[Path], typer.Option(help="Dataset folder (default: $FEDBED_DATA).")] = None,
     progress: Annotated[bool, typer.Option(help="Show the overall progress bar (on a terminal only).")] = True,
+    only: Annotated[Optional[list[str]], typer.Option(
+        help="KEY=VALUE with KEY algorithm, target or seed: run only the matching jobs (repeatable: any value of one "
+             "key, every key given); the rest stay for a later run into the same folder.")] = None,
 ) -> None:
     """Run a grid of algorithms x targets x seeds x hyperparameters; finished jobs are skipped."""
     from fedbed.config import ConfigError
@@ -365,14 +368,22 @@ def sweep(
     if threads is not None and threads * workers > cores:
         typer.echo(f"warning: {workers} worker(s) x {threads} thread(s) exceed the {cores} cores; every job will run "
                    "slower than with fewer threads", err=True)
+    selected: dict[str, list[str]] = {}
+    for pair in only or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not value:
+            fail(f"--only expects KEY=VALUE (e.g. --only seed=1), got {pair!r}")
+        selected.setdefault(key, []).append(value)
     try:
         spec = load_sweep_file(sweep_file)
         folder = out or Path("runs") / "sweeps" / spec.name
-        outcome = run_sweep(spec, folder, workers=workers, threads=threads, progress=progress, data_root=data_root)
+        outcome = run_sweep(spec, folder, workers=workers, threads=threads, progress=progress, data_root=data_root,
+                            only=selected)
     except ConfigError as error:
         fail(str(error))
     held = f"{len(outcome['held'])} running in another sweep process, " if outcome["held"] else ""
-    typer.echo(f"{spec.name}: {outcome['total']} jobs, {outcome['skipped']} already done, {outcome['ran']} run, "
+    left = f" ({outcome['left_out']} other job(s) of the sweep left for a later run: --only)" if outcome["left_out"] else ""
+    typer.echo(f"{spec.name}: {outcome['total']} jobs{left}, {outcome['skipped']} already done, {outcome['ran']} run, "
                f"{held}{len(outcome['failed'])} failed; folder {folder}")
     for line in outcome["data"]:
         typer.echo(f"data: {line}")

@@ -481,8 +481,34 @@ def _run_job(config: ExperimentConfig, threads: int) -> JobOutcome:
         release_job(run_dir)
 
 
+ONLY_KEYS = ("algorithm", "target", "seed")
+"""The job settings ``fedbed sweep --only KEY=VALUE`` can select by (:func:`jobs_matching`)."""
+
+
+def jobs_matching(jobs: list[ExperimentConfig], only: dict[str, list[str]]) -> list[ExperimentConfig]:
+    """The jobs whose algorithm, target and seed are among ``only``'s values for each key given
+    (values of one key: any of them; several keys: all of them), in the sweep's order: a part of a
+    sweep to run now, the rest left for another run of the same sweep into the same folder (their
+    identities do not depend on the part). An empty ``only`` keeps every job.
+
+    Raises:
+        ConfigError: a key not in :data:`ONLY_KEYS`, or a value no job of the sweep has (the
+            message lists the sweep's values).
+    """
+    for key, values in only.items():
+        if key not in ONLY_KEYS:
+            raise ConfigError(f"--only selects by {', '.join(ONLY_KEYS)}, not {key!r}; e.g. --only seed=1")
+        present = sorted({str(getattr(job, key)) for job in jobs}, key=lambda value: (len(value), value))
+        for value in values:
+            if value not in present:
+                raise ConfigError(f"--only {key}={value}: no job of this sweep has that {key}; "
+                                  f"its {key}s are {', '.join(present)}")
+    return [job for job in jobs if all(str(getattr(job, key)) in values for key, values in only.items())]
+
+
 def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, threads: int | None = None,
-              progress: bool = True, data_root: Path | str | None = None) -> dict[str, Any]:
+              progress: bool = True, data_root: Path | str | None = None,
+              only: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """Run every unfinished job of the sweep, and record the sweep file in the folder
     (:func:`sweep_record`, without the data root).
 
@@ -499,14 +525,18 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, threads: int |
         data_root: where the jobs read their data, instead of ``base``'s ``data_root`` (default:
             that, else ``$FEDBED_DATA``); recorded in no file of the sweep folder but the new jobs'
             ``config.yaml``.
+        only: run only the jobs :func:`jobs_matching` keeps (e.g. ``{"seed": ["1"]}``); the others
+            are counted as ``left_out`` and neither run nor checked.
 
     Raises:
         ConfigError: finished jobs made from other data than the sweep reads now
-            (:func:`finished_on_other_data`), ``workers < 1`` or ``threads < 1``.
+            (:func:`finished_on_other_data`), ``workers < 1`` or ``threads < 1``, or an ``only``
+            :func:`jobs_matching` refuses.
 
     Returns:
-        ``{"total", "skipped", "ran", "held": {run_dir: holder}, "failed": {run_dir: error}, "other_code": [run_dir],
-        "data": [line]}``: ``held`` are the jobs another sweep process had claimed (:func:`claim_job`),
+        ``{"total", "left_out", "skipped", "ran", "held": {run_dir: holder}, "failed": {run_dir: error},
+        "other_code": [run_dir], "data": [line]}``: ``total`` counts the jobs of the part run (all
+        without ``only``), ``left_out`` the sweep's other jobs; ``held`` are the jobs another sweep process had claimed (:func:`claim_job`),
         not run here; ``skipped`` counts the jobs finished before this sweep or, meanwhile, by another
         process; ``data`` is :func:`fedbed.reporting.data_sources` of the finished jobs;
         ``other_code`` lists the finished jobs (skipped, or run now from a checkpoint) that other
@@ -517,7 +547,8 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, threads: int |
         raise ConfigError(f"--workers must be at least 1, got {workers}")
     if threads is not None and threads < 1:
         raise ConfigError(f"--threads must be at least 1, got {threads}; leave it out for cores // workers")
-    jobs = expand(spec, sweep_dir, data_root)
+    every_job = expand(spec, sweep_dir, data_root)
+    jobs = jobs_matching(every_job, only or {})
     other_data = finished_on_other_data(jobs)
     if other_data:
         raise ConfigError(f"{len(other_data)} finished job(s) in {sweep_dir} were made from other data than this sweep "
@@ -562,7 +593,7 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, threads: int |
 
     summaries = [json.loads((run_dir / SUMMARY_NAME).read_text()) for run_dir in finished]
     skipped = len(jobs) - len(pending) + finished_elsewhere
-    return {"total": len(jobs), "skipped": skipped, "ran": len(pending) - finished_elsewhere - len(held),
+    return {"total": len(jobs), "left_out": len(every_job) - len(jobs), "skipped": skipped, "ran": len(pending) - finished_elsewhere - len(held),
             "held": held, "failed": failed,
             "other_code": [str(run_dir) for run_dir in finished if made_by_other_code(run_dir)],
             "data": data_sources(summaries)[0]}
