@@ -106,14 +106,15 @@ def test_sweep_skips_finished_jobs_and_resumes_an_interrupted_one(tmp_path):
     run_experiment(interrupted.model_copy(update={"rounds": 1}), progress=False, echo=lambda *_: None)
     outcome = run_sweep(spec, tmp_path, progress=False)
     data = outcome.pop("data")
-    assert outcome == {"total": 2, "left_out": 0, "skipped": 0, "ran": 2, "held": {}, "failed": {}, "other_code": []}
+    assert outcome == {"total": 2, "left_out": 0, "skipped": 0, "ran": 2, "remade": 0, "held": {}, "failed": {},
+                       "other_code": []}
     assert len(data) == 1 and data[0].startswith("embedded MNIST sample") and data[0].endswith(": 2 runs")
     lines = (interrupted.run_dir / "rounds.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == [1, 2]
     assert all((job.run_dir / DONE_MARKER).exists() for job in jobs)
     again = run_sweep(spec, tmp_path, progress=False)
-    assert again == {"total": 2, "left_out": 0, "skipped": 2, "ran": 0, "held": {}, "failed": {}, "other_code": [],
-                     "data": data}
+    assert again == {"total": 2, "left_out": 0, "skipped": 2, "ran": 0, "remade": 0, "held": {}, "failed": {},
+                     "other_code": [], "data": data}
     # A finished job that other code made is still skipped, and named.
     summary_path = jobs[0].run_dir / "summary.json"
     summary = json.loads(summary_path.read_text())
@@ -154,6 +155,33 @@ def test_only_runs_a_part_of_a_sweep_whose_jobs_keep_their_identity(tmp_path):
                             ("seed", "--only expects KEY=VALUE (e.g. --only seed=1), got 'seed'")):
         result = runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path / "s"), "--no-progress", "--only", option])
         assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_a_committed_job_without_its_checkpoint_gets_it_back_only_from_an_equal_re_run(tmp_path):
+    """``--remake-checkpoints`` re-runs a finished job whose checkpoint is gone (as in a fresh
+    clone of committed records) and moves the re-run's checkpoint into the job's folder when
+    its rounds.jsonl equals the record but for wall-clock times; the records stay as they were.
+    A record the re-run does not reproduce (here a round-2 loss edited) gets no checkpoint, the
+    re-run is kept and the job is reported failed from round 2 on."""
+    spec = tiny_spec(algorithms=["fedavg"], targets=["0"], seeds=[0], hp={})
+    run_sweep(spec, tmp_path, progress=False)
+    (job,) = expand(spec, tmp_path)
+    committed = {name: (job.run_dir / name).read_bytes() for name in ("rounds.jsonl", "summary.json", "provenance.jsonl")}
+    (job.run_dir / "checkpoint.pt").unlink()
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    result = runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path), "--no-progress", "--remake-checkpoints"])
+    assert result.exit_code == 0 and "1 already done, 0 run, 1 checkpoint(s) remade, 0 failed" in result.output
+    assert (job.run_dir / "checkpoint.pt").is_file() and not (tmp_path / "remade" / job.run_dir.name).exists()
+    assert {name: (job.run_dir / name).read_bytes() for name in committed} == committed
+    assert run_sweep(spec, tmp_path, progress=False, remake_checkpoints=True)["remade"] == 0  # it has one now
+    (job.run_dir / "checkpoint.pt").unlink()
+    records = [json.loads(line) for line in committed["rounds.jsonl"].decode().splitlines()]
+    records[1]["metrics"]["train_loss"] += 1e-9
+    (job.run_dir / "rounds.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    outcome = run_sweep(spec, tmp_path, progress=False, remake_checkpoints=True)
+    assert outcome["remade"] == 0 and "differs from the committed rounds.jsonl from round 2 on" in outcome["failed"][str(job.run_dir)]
+    assert not (job.run_dir / "checkpoint.pt").exists() and (tmp_path / "remade" / job.run_dir.name / "checkpoint.pt").is_file()
 
 
 def test_results_report_and_html(tmp_path):

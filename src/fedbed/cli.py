@@ -358,6 +358,9 @@ def sweep(
     only: Annotated[Optional[list[str]], typer.Option(
         help="KEY=VALUE with KEY algorithm, target or seed: run only the matching jobs (repeatable: any value of one "
              "key, every key given); the rest stay for a later run into the same folder.")] = None,
+    remake_checkpoints: Annotated[bool, typer.Option(
+        help="Re-run finished jobs without a checkpoint (records committed without it, e.g. the initial models of a "
+             "warm-started sweep) and keep the checkpoint only if the re-run's rounds.jsonl equals the record.")] = False,
 ) -> None:
     """Run a grid of algorithms x targets x seeds x hyperparameters; finished jobs are skipped."""
     from fedbed.config import ConfigError
@@ -378,13 +381,14 @@ def sweep(
         spec = load_sweep_file(sweep_file)
         folder = out or Path("runs") / "sweeps" / spec.name
         outcome = run_sweep(spec, folder, workers=workers, threads=threads, progress=progress, data_root=data_root,
-                            only=selected)
+                            only=selected, remake_checkpoints=remake_checkpoints)
     except ConfigError as error:
         fail(str(error))
     held = f"{len(outcome['held'])} running in another sweep process, " if outcome["held"] else ""
     left = f" ({outcome['left_out']} other job(s) of the sweep left for a later run: --only)" if outcome["left_out"] else ""
+    remade = f"{outcome['remade']} checkpoint(s) remade, " if remake_checkpoints else ""
     typer.echo(f"{spec.name}: {outcome['total']} jobs{left}, {outcome['skipped']} already done, {outcome['ran']} run, "
-               f"{held}{len(outcome['failed'])} failed; folder {folder}")
+               f"{remade}{held}{len(outcome['failed'])} failed; folder {folder}")
     for line in outcome["data"]:
         typer.echo(f"data: {line}")
     if outcome["other_code"]:

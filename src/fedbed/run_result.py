@@ -19,6 +19,24 @@ class ResultsError(ValueError):
     """Raised for a folder that holds no run, or a bad ``--where`` filter."""
 
 
+TIMING_KEYS = ("seconds", "evaluation_seconds")
+"""The keys of a round's record that measure wall-clock time (seconds): the only ones in which two
+runs of one job on one machine differ."""
+
+
+def first_differing_round(run_dir: Path, other: Path) -> int | None:
+    """The first round whose record differs between two runs' ``rounds.jsonl``, wall-clock times
+    (:data:`TIMING_KEYS`) aside, or ``None`` when the logs are equal record for record (a log
+    that is a prefix of the other differs at the first round it lacks)."""
+    mine, theirs = read_log(run_dir), read_log(other)
+    for index in range(max(len(mine), len(theirs))):
+        a = {k: v for k, v in mine[index].items() if k not in TIMING_KEYS} if index < len(mine) else None
+        b = {k: v for k, v in theirs[index].items() if k not in TIMING_KEYS} if index < len(theirs) else None
+        if a != b:
+            return index + 1
+    return None
+
+
 def read_log(run_dir: Path) -> list[dict[str, Any]]:
     """The records of ``run_dir``'s ``rounds.jsonl`` (none if it has no log yet)."""
     log = run_dir / LOG_NAME

@@ -459,6 +459,48 @@ class JobOutcome(NamedTuple):
     finished_elsewhere: bool = False
 
 
+REMADE_FOLDER = "remade"
+"""Where :func:`remake_checkpoint` re-runs a job: ``<sweep folder>/remade/<hash>`` (never committed)."""
+
+
+def remake_checkpoint(config: ExperimentConfig, threads: int) -> JobOutcome:
+    """Make the checkpoint of a finished job whose folder has none (records committed without
+    it, e.g. the initial models a warm-started sweep reads, on a new machine): re-run the job in
+    ``<sweep folder>/remade/<hash>`` (resuming an interrupted re-run), and only if its
+    ``rounds.jsonl`` equals the committed one record for record, wall-clock times aside
+    (:func:`fedbed.run_result.first_differing_round`), move its checkpoint into the job's folder
+    and delete the re-run. The committed records are never rewritten: a re-run that differs
+    (another machine's arithmetic, other code) is kept for inspection and reported as the job's
+    error, so no run starts from a model the records do not describe."""
+    import shutil
+
+    import torch
+
+    from fedbed.run_result import first_differing_round
+
+    run_dir = config.run_dir
+    scratch = run_dir.parent / REMADE_FOLDER / run_dir.name
+    held_by = claim_job(run_dir)
+    if held_by:
+        return JobOutcome(str(run_dir), held_by=held_by)
+    try:
+        torch.set_num_threads(threads)
+        run_experiment(config.model_copy(update={"run_dir": scratch}), resume=(scratch / CHECKPOINT_NAME).exists(),
+                       progress=False, echo=lambda *_: None)
+        differing = first_differing_round(run_dir, scratch)
+        if differing is not None:
+            return JobOutcome(str(run_dir), error=f"the re-run differs from the committed rounds.jsonl from round "
+                                                  f"{differing} on (other arithmetic or code: compare the two "
+                                                  f"provenance.jsonl); kept in {scratch}, no checkpoint made")
+        (scratch / CHECKPOINT_NAME).replace(run_dir / CHECKPOINT_NAME)
+        shutil.rmtree(scratch)
+        return JobOutcome(str(run_dir))
+    except Exception as error:  # as a failing job: reported, the sweep goes on
+        return JobOutcome(str(run_dir), error=f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=3)}")
+    finally:
+        release_job(run_dir)
+
+
 def _run_job(config: ExperimentConfig, threads: int) -> JobOutcome:
     """Claim and run one job (in a worker process or in this one)."""
     import torch
@@ -508,7 +550,7 @@ def jobs_matching(jobs: list[ExperimentConfig], only: dict[str, list[str]]) -> l
 
 def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, threads: int | None = None,
               progress: bool = True, data_root: Path | str | None = None,
-              only: dict[str, list[str]] | None = None) -> dict[str, Any]:
+              only: dict[str, list[str]] | None = None, remake_checkpoints: bool = False) -> dict[str, Any]:
     """Run every unfinished job of the sweep, and record the sweep file in the folder
     (:func:`sweep_record`, without the data root).
 
@@ -527,6 +569,9 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, threads: int |
             ``config.yaml``.
         only: run only the jobs :func:`jobs_matching` keeps (e.g. ``{"seed": ["1"]}``); the others
             are counted as ``left_out`` and neither run nor checked.
+        remake_checkpoints: first make, by :func:`remake_checkpoint`, the checkpoint of every
+            finished job of the part that has none (counted as ``remade``; a re-run that
+            differs from the record is a failure).
 
     Raises:
         ConfigError: finished jobs made from other data than the sweep reads now
@@ -534,7 +579,7 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, threads: int |
             :func:`jobs_matching` refuses.
 
     Returns:
-        ``{"total", "left_out", "skipped", "ran", "held": {run_dir: holder}, "failed": {run_dir: error},
+        ``{"total", "left_out", "skipped", "ran", "remade", "held": {run_dir: holder}, "failed": {run_dir: error},
         "other_code": [run_dir], "data": [line]}``: ``total`` counts the jobs of the part run (all
         without ``only``), ``left_out`` the sweep's other jobs; ``held`` are the jobs another sweep process had claimed (:func:`claim_job`),
         not run here; ``skipped`` counts the jobs finished before this sweep or, meanwhile, by another
@@ -558,11 +603,15 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, threads: int |
     if not (sweep_dir / SWEEP_RECORD).exists() or (sweep_dir / SWEEP_RECORD).read_text() != record:
         (sweep_dir / SWEEP_RECORD).write_text(record)
     pending = [job for job in jobs if not (job.run_dir / DONE_MARKER).exists()]
+    remake = [job for job in jobs if remake_checkpoints and (job.run_dir / DONE_MARKER).exists()
+              and not (job.run_dir / CHECKPOINT_NAME).exists()]
+    tasks = [(remake_checkpoint, job) for job in remake] + [(_run_job, job) for job in pending]
     threads = threads or max(1, (os.cpu_count() or 1) // workers)
     failed: dict[str, str] = {}
     held: dict[str, str] = {}
     finished_elsewhere = 0
-    bar = tqdm(total=len(jobs), initial=len(jobs) - len(pending), desc=spec.name, unit="job", disable=not progress)
+    bar = tqdm(total=len(jobs) + len(remake), initial=len(jobs) - len(pending), desc=spec.name, unit="job",
+               disable=not progress)
 
     def record(outcome: JobOutcome) -> None:
         nonlocal finished_elsewhere
@@ -574,11 +623,11 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, threads: int |
         bar.update(1)
 
     if workers == 1:
-        for job in pending:
-            record(_run_job(job, threads))
+        for task, job in tasks:
+            record(task(job, threads))
     else:
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(_run_job, job, threads) for job in pending]
+            futures = [pool.submit(task, job, threads) for task, job in tasks]
             try:
                 for future in as_completed(futures):
                     record(future.result())
@@ -593,7 +642,11 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, threads: int |
 
     summaries = [json.loads((run_dir / SUMMARY_NAME).read_text()) for run_dir in finished]
     skipped = len(jobs) - len(pending) + finished_elsewhere
-    return {"total": len(jobs), "left_out": len(every_job) - len(jobs), "skipped": skipped, "ran": len(pending) - finished_elsewhere - len(held),
+    remade = [str(job.run_dir) for job in remake]
+    held_pending = [run_dir for run_dir in held if run_dir not in remade]
+    return {"total": len(jobs), "left_out": len(every_job) - len(jobs), "skipped": skipped,
+            "ran": len(pending) - finished_elsewhere - len(held_pending),
+            "remade": sum(run_dir not in failed and run_dir not in held for run_dir in remade),
             "held": held, "failed": failed,
             "other_code": [str(run_dir) for run_dir in finished if made_by_other_code(run_dir)],
             "data": data_sources(summaries)[0]}
