@@ -339,9 +339,10 @@ def test_by_round_tables_show_each_evaluated_round_mean_over_seeds_and_the_chose
     from fedbed.reporting import build_report
 
     runs = [("fedavg", {}, "a", 0, 70, 30.0), ("fedavg", {}, "a", 1, 70, 10.0),
-            ("ppdg", {"lam": 0.1}, "a", 0, 80, 50.0), ("ppdg", {"lam": 1.0}, "a", 0, 60, 90.0)]
+            ("ppdg", {"lam": 0.1}, "a", 0, 80, 50.0), ("ppdg", {"lam": 1.0}, "a", 0, 60, 90.0),
+            ("ppdg", {"lam": 0.1}, "b", 0, 80, 60.0)]
     write_sweep(tmp_path / "sweep", runs, {"ppdg": {"lam": [0.1, 1.0]}},
-                logs=[[20.0, 30.0], [10.0, 10.0], [40.0, 50.0], [80.0, 90.0]])
+                logs=[[20.0, 30.0], [10.0, 10.0], [40.0, 50.0], [80.0, 90.0], [60.0]])
     log = tmp_path / "sweep" / "run0" / "rounds.jsonl"
     records = [json.loads(line) for line in log.read_text().splitlines()]
     for record, loss in zip(records, [2.5, 1.25]):
@@ -353,8 +354,14 @@ def test_by_round_tables_show_each_evaluated_round_mean_over_seeds_and_the_chose
                                         ["ppdg(lam=0.1)", "40.0", "50.0"], ["ppdg(lam=1.0)", "80.0", "90.0"]]
     assert tables["by_round:train_loss:a"][1] == ["fedavg", "2.500", "1.250"]  # seed 1 logged none
     assert tables["by_round:train_loss:a"][2] == ["ppdg(lam=0.1)", "–", "–"]
+    # Target b: one evaluated round; the labels without a run there keep their rows.
+    assert tables["by_round:ood:b"][1:] == [["fedavg", "–"], ["ppdg(lam=0.1)", "60.0"], ["ppdg(lam=1.0)", "–"]]
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--by-round", "ood", "--format", "csv"])
+    assert result.exit_code == 2 and "the --by-round tables are markdown or latex" in result.output
     chosen = build_report(tmp_path / "sweep", "last", select_hparams=True, by_round=["ood"]).tables
     assert chosen["by_round:ood:a"][1:] == [["fedavg", "15.0 ± 7.1", "20.0 ± 14.1"], ["ppdg", "40.0", "50.0"]]  # lam 0.1: id 80
+    assert chosen["by_round:ood:b"][1:] == [["fedavg", "–"], ["ppdg", "60.0"]]
     result = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--selection", "last", "--by-round", "nosuch"])
-    assert result.exit_code == 2 and "logged a metric 'nosuch'; choose ood, id or one of: train_loss" in result.output
+    assert result.exit_code == 2 and "--by-round nosuch: no shown run logged a metric of that name; choose ood, id or one of: " \
+        "train_loss" in result.output
     assert "Traceback" not in result.output

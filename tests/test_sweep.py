@@ -161,10 +161,15 @@ def test_a_committed_job_without_its_checkpoint_gets_it_back_only_from_an_equal_
     """``--remake-checkpoints`` re-runs a finished job whose checkpoint is gone (as in a fresh
     clone of committed records) and moves the re-run's checkpoint into the job's folder when
     its rounds.jsonl equals the record but for wall-clock times; the records stay as they were.
-    A record the re-run does not reproduce (here a round-2 loss edited) gets no checkpoint, the
-    re-run is kept and the job is reported failed from round 2 on."""
+    A record the re-run does not reproduce (here a round-2 loss edited) gets no checkpoint: the
+    re-run, made with the record's torch threads whatever ``threads`` says, is kept (and never
+    read as one of the sweep's runs) and the job is reported failed from round 2 on; once the
+    record is restored, the next remake starts over and succeeds. A record made on another CPU
+    instruction set is refused before any training."""
+    from fedbed.results import finished_runs, unfinished_runs
+
     spec = tiny_spec(algorithms=["fedavg"], targets=["0"], seeds=[0], hp={})
-    run_sweep(spec, tmp_path, progress=False)
+    run_sweep(spec, tmp_path, progress=False, threads=1)
     (job,) = expand(spec, tmp_path)
     committed = {name: (job.run_dir / name).read_bytes() for name in ("rounds.jsonl", "summary.json", "provenance.jsonl")}
     (job.run_dir / "checkpoint.pt").unlink()
@@ -179,9 +184,21 @@ def test_a_committed_job_without_its_checkpoint_gets_it_back_only_from_an_equal_
     records = [json.loads(line) for line in committed["rounds.jsonl"].decode().splitlines()]
     records[1]["metrics"]["train_loss"] += 1e-9
     (job.run_dir / "rounds.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
-    outcome = run_sweep(spec, tmp_path, progress=False, remake_checkpoints=True)
+    outcome = run_sweep(spec, tmp_path, progress=False, remake_checkpoints=True, threads=2)
     assert outcome["remade"] == 0 and "differs from the committed rounds.jsonl from round 2 on" in outcome["failed"][str(job.run_dir)]
-    assert not (job.run_dir / "checkpoint.pt").exists() and (tmp_path / "remade" / job.run_dir.name / "checkpoint.pt").is_file()
+    scratch = tmp_path / "remade" / job.run_dir.name
+    assert not (job.run_dir / "checkpoint.pt").exists() and (scratch / "checkpoint.pt").is_file()
+    assert [json.loads(line)["torch_threads"] for line in (scratch / "provenance.jsonl").read_text().splitlines()] == [1]
+    assert [run.path for run in finished_runs(tmp_path)] == [job.run_dir] and unfinished_runs(tmp_path) == []
+    (job.run_dir / "rounds.jsonl").write_bytes(committed["rounds.jsonl"])
+    assert run_sweep(spec, tmp_path, progress=False, remake_checkpoints=True)["remade"] == 1
+    assert (job.run_dir / "checkpoint.pt").is_file() and not scratch.exists()
+    (job.run_dir / "checkpoint.pt").unlink()
+    start = json.loads(committed["provenance.jsonl"].decode().splitlines()[0])
+    (job.run_dir / "provenance.jsonl").write_text(json.dumps({**start, "torch_cpu_capability": "ANOTHER"}) + "\n")
+    outcome = run_sweep(spec, tmp_path, progress=False, remake_checkpoints=True)
+    assert "made with torch_cpu_capability ANOTHER, this machine has" in outcome["failed"][str(job.run_dir)]
+    assert not scratch.exists()  # refused before any training
 
 
 def test_results_report_and_html(tmp_path):

@@ -36,7 +36,6 @@ runner = CliRunner()
 TINY = dict(rounds=1, local_steps=1, model="lenet")
 """One round of one local step of LeNet on the embedded MNIST sample (about 1 s; the TensorBoard
 test resumes it to a second round)."""
-TIMINGS = ("seconds", "evaluation_seconds")
 
 
 @pytest.fixture(autouse=True)
@@ -69,8 +68,9 @@ def tracked_run(run_dir: Path, tracker: str, **settings) -> list[str]:
 
 
 def records_without_timings(run_dir: Path) -> list[dict]:
-    return [{key: value for key, value in json.loads(line).items() if key not in TIMINGS}
-            for line in (run_dir / LOG_NAME).read_text().splitlines()]
+    from fedbed.run_result import read_log, without_timings
+
+    return [without_timings(record) for record in read_log(run_dir)]
 
 
 def scores(run_dir: Path) -> dict:

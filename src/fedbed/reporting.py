@@ -155,7 +155,8 @@ def score_table(
                 if values:
                     means[selection].append(sum(values) / len(values))
         if len(targets) > 1:
-            cells += [f"{sum(means[s]) / len(means[s]):.1f}" if len(means[s]) == len(targets) else "–" for s in selections]
+            cells += [format_score(sum(means[s]) / len(means[s]) if len(means[s]) == len(targets) else None)
+                      for s in selections]
         rows.append([group, *cells])
     return rows
 
@@ -227,54 +228,52 @@ BY_ROUND_SCORES = ("ood", "id")
 any other name is read from the round's ``metrics`` (e.g. ``train_loss``)."""
 
 
-def by_round_table(runs: Sequence[tuple[str, Path]], quantity: str, target: str, spread: str = "std") -> list[list[str]]:
+def by_round_table(labels: Sequence[str], runs: Sequence[tuple[str, Path]], quantity: str, target: str,
+                   spread: str = "std") -> list[list[str]]:
     """Rows (header first): one per label, one column per round at which a run evaluated; a cell
     is ``quantity`` at that round, ``mean ± spread`` over the label's runs (seeds), "–" where no
-    run has it. ``ood`` and ``id`` are the evaluation's domain means (accuracy in %, one
-    decimal); any other name is the round's logged metric of that name (three decimals), e.g.
-    ``train_loss`` or FedGaLA's ``discard_ratio``, shown at the same evaluated rounds. Read from
-    each run's ``rounds.jsonl`` (:func:`fedbed.run_result.read_log`); null and NaN count as missing
-    (:func:`fedbed.federation.evaluation.recorded_score`).
+    run has it (a label without runs here gets a row of "–"). ``ood`` and ``id`` are the
+    evaluation's domain means (one decimal); any other name is the round's logged metric of that
+    name (three decimals), e.g. ``train_loss`` or FedGaLA's ``discard_ratio``, shown at the same
+    evaluated rounds. Read from each run's ``rounds.jsonl`` (:func:`fedbed.run_result.read_log`);
+    null, NaN and non-numbers count as missing (:func:`fedbed.federation.evaluation.recorded_score`).
 
     Args:
-        runs: ``(label, run folder)`` of one target's runs, rows in the order of first appearance.
-        quantity: ``ood``, ``id`` or a metric's name.
+        labels: the rows, in order.
+        runs: ``(label, run folder)`` of the target's runs.
+        quantity: ``ood``, ``id`` or a metric's name (:func:`logged_metrics` lists a run's).
         target: the runs' target, for the header.
         spread: ``"std"`` or ``"se"`` over seeds.
-
-    Raises:
-        ValueError: ``quantity`` is neither a score nor a metric any of the runs logged (the
-            message lists the metrics they did log).
     """
     from fedbed.federation.evaluation import recorded_score
     from fedbed.run_result import read_log
 
-    values: dict[str, dict[int, list[float]]] = {}
+    values: dict[str, dict[int, list[float]]] = {label: {} for label in labels}
     evaluated: set[int] = set()
-    logged: set[str] = set()
     for label, path in runs:
-        by_round = values.setdefault(label, {})
         for record in read_log(path):
-            evaluation, metrics = record.get("evaluation"), record.get("metrics") or {}
-            logged.update(metrics)
+            evaluation = record.get("evaluation")
             if not evaluation:
                 continue
             evaluated.add(record["round"])
-            raw = evaluation.get(f"{quantity}_mean") if quantity in BY_ROUND_SCORES else metrics.get(quantity)
-            value = recorded_score(raw) if isinstance(raw, (int, float)) or raw is None else None
+            raw = evaluation.get(f"{quantity}_mean") if quantity in BY_ROUND_SCORES else (record.get("metrics") or {}).get(quantity)
+            value = recorded_score(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else None
             if value is not None:
-                by_round.setdefault(record["round"], []).append(value)
-    if quantity not in BY_ROUND_SCORES and quantity not in logged:
-        whole = sorted(name for name in logged if "/" not in name)  # not the per-array ones ("NAME/ARRAY")
-        per_array = f" (and {len(logged) - len(whole)} per-array ones, NAME/ARRAY)" if len(whole) < len(logged) else ""
-        raise ValueError(f"no run of target {target} logged a metric {quantity!r}; choose ood, id or one of: "
-                         f"{', '.join(whole) or 'none'}{per_array}")
+                values[label].setdefault(record["round"], []).append(value)
     rounds = sorted(evaluated)
     decimals = 1 if quantity in BY_ROUND_SCORES else 3
     label_spread = "± std over seeds" if spread == "std" else "± SE over seeds"
     header = [f"{quantity} by round, target {target} ({label_spread})", *(str(r) for r in rounds)]
     return [header] + [[label, *(format_spread(by_round[r], spread, decimals) if by_round.get(r) else "–" for r in rounds)]
                        for label, by_round in values.items()]
+
+
+def logged_metrics(paths: Sequence[Path]) -> set[str]:
+    """The names of the metrics the runs' rounds logged (``metrics`` in ``rounds.jsonl``),
+    without the per-array ones (``NAME/ARRAY``)."""
+    from fedbed.run_result import read_log
+
+    return {name for path in paths for record in read_log(path) for name in (record.get("metrics") or {}) if "/" not in name}
 
 
 def paired_pairs(
@@ -584,11 +583,19 @@ def build_report(
         tables["t_test"] = t_test_rows(summaries, pairs, selections[0])
     if choices is not None:
         tables["selected_hyperparameters"] = [choices[0]] + [row for row in choices[1:] if row[0] in labels]
+    shown_runs = [(s["label"], s["target"], folder_of[s.get("chosen_label", s["label"]), s["target"], s["seed"]])
+                  for s in summaries]
+    unknown = [q for q in by_round if q not in BY_ROUND_SCORES]
+    logged = logged_metrics([path for _, _, path in shown_runs]) if unknown else set()
+    for quantity in unknown:
+        if quantity not in logged:
+            raise ValueError(f"--by-round {quantity}: no shown run logged a metric of that name; choose ood, id or "
+                             f"one of: {', '.join(sorted(logged)) or 'none'}")
     for quantity in by_round:
         for target in targets:
-            shown_runs = [(s["label"], folder_of[s.get("chosen_label", s["label"]), target, s["seed"]])
-                          for label in labels for s in summaries if s["label"] == label and s["target"] == target]
-            tables[f"by_round:{quantity}:{target}"] = by_round_table(shown_runs, quantity, target, spread)
+            tables[f"by_round:{quantity}:{target}"] = by_round_table(
+                labels, [(label, path) for label, run_target, path in shown_runs if run_target == target], quantity,
+                target, spread)
     sources, mixed = data_sources(summaries)
     if mixed and not allow_mixed_data:
         raise ValueError(f"the runs in {', '.join(str(folder) for folder in folders)} read different data "
@@ -609,9 +616,12 @@ def render_report(report: Report, format: str = "markdown") -> str:
     after them; with ``csv``, :func:`tidy_rows` of every selection rule instead.
 
     Raises:
-        ValueError: an unknown format.
+        ValueError: an unknown format, or ``csv`` with ``by_round`` tables.
     """
     if format == "csv":
+        if any(key.startswith("by_round:") for key in report.tables):
+            raise ValueError("--format csv writes the tidy rows of the scores; the --by-round tables are markdown or "
+                             "latex: drop one of the two")
         return to_csv(tidy_rows(report.summaries, report.selections)).rstrip("\n")
     if format not in RENDERERS:
         raise ValueError(f"unknown format {format!r}; choose one of {', '.join(RENDERERS)}, csv")

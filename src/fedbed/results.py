@@ -37,6 +37,7 @@ from fedbed.federation.evaluation import SELECTION_RULES
 from fedbed.run_directory import (
     CONFIG_NAME,
     LOG_NAME,
+    REMADE_FOLDER,
     STORE_NAME,
     SUMMARY_NAME,
     SWEEP_RECORD,
@@ -199,7 +200,7 @@ def finished_runs(sweep_dirs: Path | Sequence[Path]) -> list[FinishedRun]:
     runs: list[FinishedRun] = []
     seen: dict[str, list[Path]] = {}
     for folder in as_folders(sweep_dirs):
-        for path in sorted(folder.rglob(SUMMARY_NAME)):
+        for path in files_below(folder, SUMMARY_NAME):
             run_dir = path.parent
             if any(_same_record(other, run_dir) for other in seen.get(run_dir.name, [])):
                 continue
@@ -209,10 +210,17 @@ def finished_runs(sweep_dirs: Path | Sequence[Path]) -> list[FinishedRun]:
     return runs
 
 
+def files_below(folder: Path, name: str) -> list[Path]:
+    """Every run file called ``name`` below ``folder``, sorted by path, except the re-runs in a
+    sweep's :data:`~fedbed.run_directory.REMADE_FOLDER` (``fedbed sweep --remake-checkpoints``),
+    which are not the sweep's runs."""
+    return [path for path in sorted(folder.rglob(name)) if REMADE_FOLDER not in path.relative_to(folder).parts[:-1]]
+
+
 def unfinished_runs(sweep_dirs: Path | Sequence[Path]) -> list[Path]:
     """The run folders below the folders that have settings (``config.yaml``) but no summary yet:
     running, interrupted or failed jobs, which reports and plots leave out."""
-    return [path.parent for folder in as_folders(sweep_dirs) for path in sorted(folder.rglob(CONFIG_NAME))
+    return [path.parent for folder in as_folders(sweep_dirs) for path in files_below(folder, CONFIG_NAME)
             if not (path.parent / SUMMARY_NAME).exists()]
 
 
@@ -297,7 +305,7 @@ def _fill_store(db: sqlite3.Connection, sweep_dir: Path) -> None:
     Raises:
         ResultsError: if no run directory (a folder with ``config.yaml``) is found.
     """
-    configs = sorted(sweep_dir.rglob(CONFIG_NAME))
+    configs = files_below(sweep_dir, CONFIG_NAME)
     if not configs:
         raise ResultsError(f"{sweep_dir} holds no FedBed run (no {CONFIG_NAME} below it)")
     varied, variants = varied_hyperparameters(sweep_dir), sweep_variants(sweep_dir)

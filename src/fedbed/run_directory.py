@@ -16,8 +16,10 @@ A run folder (``runs/<dataset>/<algorithm>/<target>/seed<seed>`` or a sweep's ``
   or exported to it (:mod:`fedbed.tracking`; never committed).
 
 A sweep folder also holds :data:`SWEEP_RECORD` (the sweep file as run), :data:`STORE_NAME`
-(the results index, rebuilt when read, never committed) and :data:`CLAIMS_FOLDER` (one file per
-job a sweep process is running now, never committed).
+(the results index, rebuilt when read, never committed), :data:`CLAIMS_FOLDER` (one file per
+job a sweep process is running now, never committed) and :data:`REMADE_FOLDER` (re-runs of
+finished jobs that make their checkpoints, ``fedbed sweep --remake-checkpoints``; never committed,
+and never read as the sweep's runs).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ SWEEP_RECORD = "sweep.yaml"
 STORE_NAME = "results.sqlite"
 FLOWER_LOGS = "flower-logs"
 CLAIMS_FOLDER = "claims"
+REMADE_FOLDER = "remade"
 PLOTS_FOLDER = "plots"
 TENSORBOARD_FOLDER = "tensorboard"
 

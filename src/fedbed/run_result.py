@@ -20,20 +20,29 @@ class ResultsError(ValueError):
 
 
 TIMING_KEYS = ("seconds", "evaluation_seconds")
-"""The keys of a round's record that measure wall-clock time (seconds): the only ones in which two
-runs of one job on one machine differ."""
+"""The keys of a round's record that measure wall-clock time (seconds); the telemetry of a
+server that generates the clients' models adds ``server_seconds`` (:func:`without_timings`)."""
+
+
+def without_timings(record: dict[str, Any]) -> dict[str, Any]:
+    """A round's record without its wall-clock times (:data:`TIMING_KEYS` and the telemetry's
+    ``server_seconds``): what two runs of one job with the same code, torch threads and CPU
+    instruction set write alike."""
+    kept = {key: value for key, value in record.items() if key not in TIMING_KEYS}
+    if isinstance(kept.get("telemetry"), dict) and "server_seconds" in kept["telemetry"]:
+        kept["telemetry"] = {key: value for key, value in kept["telemetry"].items() if key != "server_seconds"}
+    return kept
 
 
 def first_differing_round(run_dir: Path, other: Path) -> int | None:
-    """The first round whose record differs between two runs' ``rounds.jsonl``, wall-clock times
-    (:data:`TIMING_KEYS`) aside, or ``None`` when the logs are equal record for record (a log
-    that is a prefix of the other differs at the first round it lacks)."""
+    """The round number of the first record that differs between two runs' ``rounds.jsonl``,
+    wall-clock times aside (:func:`without_timings`), or ``None`` when the logs are equal record
+    for record; where one log is shorter, the first round it lacks (1 for an empty log)."""
     mine, theirs = read_log(run_dir), read_log(other)
     for index in range(max(len(mine), len(theirs))):
-        a = {k: v for k, v in mine[index].items() if k not in TIMING_KEYS} if index < len(mine) else None
-        b = {k: v for k, v in theirs[index].items() if k not in TIMING_KEYS} if index < len(theirs) else None
-        if a != b:
-            return index + 1
+        if index >= len(mine) or index >= len(theirs) or without_timings(mine[index]) != without_timings(theirs[index]):
+            longer = mine if index < len(mine) else theirs
+            return longer[index].get("round", index + 1)
     return None
 
 

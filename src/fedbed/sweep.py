@@ -78,7 +78,8 @@ from fedbed.config import (PLACEMENT_SETTINGS, ConfigError, ExperimentConfig, co
 from fedbed.experiment import run_experiment
 from fedbed.provenance import run_sources, source_fingerprint
 from fedbed.results import VARIANT_LIMITS
-from fedbed.run_directory import CHECKPOINT_NAME, CLAIMS_FOLDER, DONE_MARKER, SUMMARY_NAME, SWEEP_RECORD
+from fedbed.run_directory import (CHECKPOINT_NAME, CLAIMS_FOLDER, CLIENT_STATES_FOLDER, DONE_MARKER, REMADE_FOLDER,
+                                  SUMMARY_NAME, SWEEP_RECORD)
 
 PER_JOB_KEYS = ("algorithm", "target", "seed", "run_dir", "hparams_trial")
 """Settings a sweep sets per job: neither ``base`` nor a variant may hold them."""
@@ -459,23 +460,31 @@ class JobOutcome(NamedTuple):
     finished_elsewhere: bool = False
 
 
-REMADE_FOLDER = "remade"
-"""Where :func:`remake_checkpoint` re-runs a job: ``<sweep folder>/remade/<hash>`` (never committed)."""
-
-
 def remake_checkpoint(config: ExperimentConfig, threads: int) -> JobOutcome:
     """Make the checkpoint of a finished job whose folder has none (records committed without
     it, e.g. the initial models a warm-started sweep reads, on a new machine): re-run the job in
-    ``<sweep folder>/remade/<hash>`` (resuming an interrupted re-run), and only if its
-    ``rounds.jsonl`` equals the committed one record for record, wall-clock times aside
-    (:func:`fedbed.run_result.first_differing_round`), move its checkpoint into the job's folder
-    and delete the re-run. The committed records are never rewritten: a re-run that differs
-    (another machine's arithmetic, other code) is kept for inspection and reported as the job's
-    error, so no run starts from a model the records do not describe."""
+    ``<sweep folder>/remade/<hash>`` (:data:`~fedbed.run_directory.REMADE_FOLDER`; an interrupted
+    re-run is resumed, a finished one started over), and only if its ``rounds.jsonl`` equals the
+    committed one record for record, wall-clock times aside
+    (:func:`fedbed.run_result.first_differing_round`), move its checkpoint (and client-state
+    files) into the job's folder and delete the re-run. The committed records are never rewritten.
+
+    The re-run uses the torch threads of the record's first start, whatever ``threads`` says
+    (the thread count changes the last bits); a record made with another torch version or CPU
+    instruction set (``provenance.jsonl``) is refused before any training, as a re-run here
+    cannot reproduce its bits. A re-run that differs (other code, other arithmetic) is kept
+    for inspection and reported as the job's error, so no run starts from a model the records do
+    not describe; the next remake starts it over.
+
+    Returns:
+        the job's :class:`JobOutcome`: an ``error`` when refused or different; nothing to do
+        (no error) when another process made the checkpoint meanwhile.
+    """
     import shutil
 
     import torch
 
+    from fedbed.provenance import current_provenance, read_starts
     from fedbed.run_result import first_differing_round
 
     run_dir = config.run_dir
@@ -484,14 +493,27 @@ def remake_checkpoint(config: ExperimentConfig, threads: int) -> JobOutcome:
     if held_by:
         return JobOutcome(str(run_dir), held_by=held_by)
     try:
-        torch.set_num_threads(threads)
-        run_experiment(config.model_copy(update={"run_dir": scratch}), resume=(scratch / CHECKPOINT_NAME).exists(),
-                       progress=False, echo=lambda *_: None)
+        if (run_dir / CHECKPOINT_NAME).exists():  # made by another process meanwhile
+            return JobOutcome(str(run_dir))
+        recorded = (read_starts(run_dir) or [{}])[0]
+        torch.set_num_threads(recorded.get("torch_threads") or threads)
+        here = current_provenance()
+        for key in ("torch", "torch_cpu_capability"):
+            if recorded.get(key) is not None and recorded[key] != here[key]:
+                return JobOutcome(str(run_dir), error=f"the record was made with {key} {recorded[key]}, this machine has "
+                                                      f"{here[key]}: a re-run here cannot reproduce it; remake it on a "
+                                                      "machine like the one that made it")
+        if (scratch / SUMMARY_NAME).exists():  # an earlier re-run finished (and differed): start over
+            shutil.rmtree(scratch)
+        run_experiment(config.model_copy(update={"run_dir": scratch, "tracker": None}),
+                       resume=(scratch / CHECKPOINT_NAME).exists(), progress=False, echo=lambda *_: None)
         differing = first_differing_round(run_dir, scratch)
         if differing is not None:
             return JobOutcome(str(run_dir), error=f"the re-run differs from the committed rounds.jsonl from round "
-                                                  f"{differing} on (other arithmetic or code: compare the two "
+                                                  f"{differing} on (other code or arithmetic: compare the two "
                                                   f"provenance.jsonl); kept in {scratch}, no checkpoint made")
+        if (scratch / CLIENT_STATES_FOLDER).exists():
+            (scratch / CLIENT_STATES_FOLDER).replace(run_dir / CLIENT_STATES_FOLDER)
         (scratch / CHECKPOINT_NAME).replace(run_dir / CHECKPOINT_NAME)
         shutil.rmtree(scratch)
         return JobOutcome(str(run_dir))
@@ -570,8 +592,8 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, threads: int |
         only: run only the jobs :func:`jobs_matching` keeps (e.g. ``{"seed": ["1"]}``); the others
             are counted as ``left_out`` and neither run nor checked.
         remake_checkpoints: first make, by :func:`remake_checkpoint`, the checkpoint of every
-            finished job of the part that has none (counted as ``remade``; a re-run that
-            differs from the record is a failure).
+            finished job of the part that has none (counted as ``remade``, and as ``skipped``
+            like every finished job; a refused or differing re-run is a failure).
 
     Raises:
         ConfigError: finished jobs made from other data than the sweep reads now
