@@ -136,7 +136,8 @@ def test_sweep_skips_finished_jobs_and_resumes_an_interrupted_one(tmp_path):
 def test_only_runs_a_part_of_a_sweep_whose_jobs_keep_their_identity(tmp_path):
     """``--only seed=1 --only target=15`` runs the sweep's 2 jobs of seed 1 and target 15 (of 8)
     into the sweep's folder, under the hashes the whole sweep gives them; a later run of the whole
-    sweep skips them. A key or value the sweep does not have is refused in one line, exit 2."""
+    sweep skips them; ``--dry-run`` counts them per algorithm and writes nothing. A key or value
+    the sweep does not have is refused in one line, exit 2."""
     spec = tiny_spec()
     spec_file = tmp_path / "tiny.yaml"
     spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
@@ -147,6 +148,13 @@ def test_only_runs_a_part_of_a_sweep_whose_jobs_keep_their_identity(tmp_path):
     done = {job.run_dir for job in expand(spec, tmp_path / "s") if (job.run_dir / DONE_MARKER).exists()}
     assert {(j.seed, j.target, j.algorithm) for j in expand(spec, tmp_path / "s") if j.run_dir in done} == {
         (1, "15", "fedavg"), (1, "15", "ppdg")}
+    result = runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path / "s"), "--no-progress", "--dry-run"])
+    lines = result.output.splitlines()
+    assert result.exit_code == 0 and [line.split(": about")[0] for line in lines] == [
+        "fedavg: 4 jobs, 1 finished, 3 pending", "ppdg: 4 jobs, 1 finished, 3 pending"]
+    assert all(line.endswith(" min a job)") for line in lines) and len(done) == 2  # nothing run
+    assert not runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path / "none"), "--dry-run"]).exit_code
+    assert not (tmp_path / "none").exists()
     both = run_sweep(spec, tmp_path / "s", progress=False, only={"algorithm": ["ppdg", "fedavg"], "seed": ["1"],
                                                                      "target": ["15"]})
     assert (both["total"], both["left_out"], both["skipped"], both["ran"]) == (2, 6, 2, 0)

@@ -361,6 +361,9 @@ def sweep(
     remake_checkpoints: Annotated[bool, typer.Option(
         help="Re-run finished jobs without a checkpoint (records committed without it, e.g. the initial models of a "
              "warm-started sweep) and keep the checkpoint only if the re-run's rounds.jsonl equals the record.")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        help="Run nothing: per algorithm, the jobs finished and pending and the pending jobs' time on one core, "
+             "estimated from the finished jobs' wall_seconds.")] = False,
 ) -> None:
     """Run a grid of algorithms x targets x seeds x hyperparameters; finished jobs are skipped."""
     from fedbed.config import ConfigError
@@ -380,6 +383,15 @@ def sweep(
     try:
         spec = load_sweep_file(sweep_file)
         folder = out or Path("runs") / "sweeps" / spec.name
+        if dry_run:
+            from fedbed.sweep import plan_sweep
+
+            for row in plan_sweep(spec, folder, data_root, selected):
+                hours = "no finished job to estimate from" if row["pending_hours"] is None else (
+                    f"about {row['pending_hours']:.1f} h on one core ({row['median_seconds'] / 60:.1f} min a job)")
+                typer.echo(f"{row['algorithm']}: {row['jobs']} jobs, {row['finished']} finished, {row['pending']} "
+                           f"pending: {hours}")
+            return
         outcome = run_sweep(spec, folder, workers=workers, threads=threads, progress=progress, data_root=data_root,
                             only=selected, remake_checkpoints=remake_checkpoints)
     except ConfigError as error:

@@ -570,6 +570,38 @@ def jobs_matching(jobs: list[ExperimentConfig], only: dict[str, list[str]]) -> l
     return [job for job in jobs if all(str(getattr(job, key)) in values for key, values in only.items())]
 
 
+def plan_sweep(spec: SweepSpec, sweep_dir: Path, data_root: Path | str | None = None,
+               only: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
+    """What :func:`run_sweep` would run, per algorithm, without running or writing anything: the
+    jobs of the part (:func:`jobs_matching`), how many are finished, and an estimate of the
+    pending jobs' time on one core: their number times the median ``wall_seconds`` of the
+    algorithm's finished jobs in the folder (``None`` without one; jobs run elsewhere may have
+    taken another machine's time, and a resumed job's summary counts its last start only).
+
+    Returns:
+        one ``{"algorithm", "jobs", "finished", "pending", "median_seconds", "pending_hours"}``
+        per algorithm, in the sweep's order.
+
+    Raises:
+        ConfigError: as :func:`expand` and :func:`jobs_matching`.
+    """
+    import statistics
+
+    jobs = jobs_matching(expand(spec, sweep_dir, data_root), only or {})
+    rows = []
+    for algorithm in dict.fromkeys(job.algorithm for job in jobs):
+        own = [job for job in jobs if job.algorithm == algorithm]
+        finished = [job for job in own if (job.run_dir / DONE_MARKER).exists()]
+        seconds = [json.loads((job.run_dir / SUMMARY_NAME).read_text()).get("wall_seconds") for job in finished
+                   if (job.run_dir / SUMMARY_NAME).exists()]
+        seconds = [value for value in seconds if isinstance(value, (int, float))]
+        median = statistics.median(seconds) if seconds else None
+        pending = len(own) - len(finished)
+        rows.append({"algorithm": algorithm, "jobs": len(own), "finished": len(finished), "pending": pending,
+                     "median_seconds": median, "pending_hours": None if median is None else pending * median / 3600})
+    return rows
+
+
 def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, threads: int | None = None,
               progress: bool = True, data_root: Path | str | None = None,
               only: dict[str, list[str]] | None = None, remake_checkpoints: bool = False) -> dict[str, Any]:
