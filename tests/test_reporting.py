@@ -126,6 +126,34 @@ def test_select_hparams_chooses_by_source_validation_per_target(tmp_path):
         sweep_tables(tmp_path / "sweep", "oracle", select_hparams=True)
 
 
+def test_a_report_of_some_seeds_reads_only_their_runs_for_tables_tests_and_the_choice(tmp_path):
+    """``seeds`` (``fedbed report --seed``) keeps the other seeds' runs out of everything: here
+    lambda 0.1 wins on the mean id over both seeds (80 vs 75) but loses on seed 0 alone (70 vs 75)."""
+    from typer.testing import CliRunner
+
+    from fedbed.cli import app
+    from fedbed.reporting import build_report
+
+    runs = [("ppdg", {"lam": 0.1}, "a", 0, 70, 10), ("ppdg", {"lam": 0.1}, "a", 1, 90, 12),
+            ("ppdg", {"lam": 1.0}, "a", 0, 75, 50), ("ppdg", {"lam": 1.0}, "a", 1, 75, 52),
+            ("fedavg", {}, "a", 0, 70, 40), ("fedavg", {}, "a", 1, 70, 44)]
+    write_sweep(tmp_path / "sweep", runs, {"ppdg": {"lam": [0.1, 1.0]}})
+    both = build_report(tmp_path / "sweep", "last", select_hparams=True).tables
+    assert both["ood"][2] == ["ppdg", "11.0 ± 1.4"] and both["selected_hyperparameters"][2][2] == "ppdg(lam=0.1)"
+    first = build_report(tmp_path / "sweep", "last", select_hparams=True, seeds=[0]).tables
+    assert first["ood"][1:] == [["fedavg", "40.0"], ["ppdg", "50.0"]]
+    assert first["selected_hyperparameters"][2][2] == "ppdg(lam=1.0)"
+    plain = build_report(tmp_path / "sweep", "last", baselines=["fedavg"], seeds=[1]).tables
+    assert plain["ood"][1:] == [["fedavg", "44.0"], ["ppdg(lam=0.1)", "12.0"], ["ppdg(lam=1.0)", "52.0"]]
+    with pytest.raises(ValueError, match=re.escape("seed 5 is not among the runs' seeds: 0, 1")):
+        build_report(tmp_path / "sweep", "last", seeds=[5])
+    printed = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--selection", "last", "--seed", "0",
+                                       "--select-hparams"])
+    assert printed.exit_code == 0 and "| ppdg | 50.0 |" in printed.output
+    refused = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--seed", "5"])
+    assert refused.exit_code == 2 and "seed 5 is not among" in refused.output and "Traceback" not in refused.output
+
+
 def test_select_hparams_leaves_out_runs_without_an_id_score_and_says_when_none_has_one(tmp_path):
     """A run whose id score is null (no evaluated round scored the source holdouts) does not
     speak for its label: lambda 1.0's scored seed (75) loses to lambda 0.1's (78) although its

@@ -503,6 +503,9 @@ def report(
                       ] = None,
     label: Annotated[Optional[list[str]], typer.Option(help="Show only this label (repeatable; rows in this order).")
                      ] = None,
+    seed: Annotated[Optional[list[int]], typer.Option(
+        help="Read only the runs of this seed (repeatable), e.g. the seeds a sweep run in parts has finished; "
+             "tables, t-tests and --select-hparams see those runs only.")] = None,
     per_seed: Annotated[bool, typer.Option(help="A column per seed beside each mean over seeds.")] = False,
     format: Annotated[str, typer.Option(
         help="markdown, latex, or csv (tidy rows: label, algorithm, target, selection, metric, mean, std, se, n).")] = "markdown",
@@ -525,7 +528,8 @@ def report(
 
     try:
         built = report_from_options(sweep_dirs, selection, spread, baseline, compare, target, label, per_seed,
-                                    select_hparams, allow_mixed_data, select_per_seed=select_per_seed, by_round=by_round)
+                                    select_hparams, allow_mixed_data, select_per_seed=select_per_seed, by_round=by_round,
+                                    seed=seed)
         text = render_report(built, format)
     except ValueError as error:
         fail(str(error))
@@ -543,7 +547,7 @@ def report(
 
 
 def report_from_options(sweep_dirs, selection, spread, baseline, compare, target, label, per_seed, select_hparams,
-                        allow_mixed_data, select_per_seed=False, by_round=None, **_unused) -> Any:
+                        allow_mixed_data, select_per_seed=False, by_round=None, seed=None, **_unused) -> Any:
     """The :class:`fedbed.reporting.Report` of ``fedbed report``'s options (by their parameter
     names; options that only say where to write are ignored).
 
@@ -554,7 +558,7 @@ def report_from_options(sweep_dirs, selection, spread, baseline, compare, target
 
     return build_report(sweep_dirs, selection or ["train_domain_val"], spread, baseline or (), compare or (),
                         select_hparams, target or (), label or (), per_seed, allow_mixed_data, select_per_seed,
-                        by_round or ())
+                        by_round or (), seed or ())
 
 
 def report_block_text(arguments: list[str]) -> str:

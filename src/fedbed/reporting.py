@@ -509,6 +509,7 @@ def build_report(
     allow_mixed_data: bool = False,
     select_per_seed: bool = False,
     by_round: Sequence[str] = (),
+    seeds: Sequence[int] = (),
 ) -> Report:
     """The report of one sweep folder or of several read together: rows are labels (method,
     variant and varied hyperparameters, :func:`fedbed.results.labelled_runs`), columns target
@@ -534,11 +535,14 @@ def build_report(
         by_round: quantities (``ood``, ``id`` or a logged metric's name) to show at every
             evaluated round: one :func:`by_round_table` per quantity and target, keyed
             ``by_round:QUANTITY:TARGET``, after the other tables.
+        seeds: read only the runs of these seeds (default: all), e.g. the seeds a sweep run in
+            parts has finished on every target; the t-tests, ``select_hparams`` and every table
+            then see those runs only.
 
     Raises:
         ValueError: an unknown rule or spread, no finished run, two different runs under one
             (label, target, seed), a run ``last_five_mean`` cannot score, a target, label,
-            baseline or compared label not among the runs', ``select_hparams`` with ``oracle``,
+            baseline, compared label or seed not among the runs', ``select_hparams`` with ``oracle``,
             ``select_per_seed`` without ``select_hparams``, runs that read different data
             without ``allow_mixed_data``, or a ``by_round`` quantity no run logged.
     """
@@ -560,7 +564,11 @@ def build_report(
         if target not in found:
             raise ValueError(f"target {target!r} is not among the runs' targets: {', '.join(found)}")
     targets = list(targets) or found
-    runs = [run for run in runs if run.summary["target"] in targets]
+    found_seeds = sorted({run.summary["seed"] for run in runs})
+    for seed in seeds:
+        if seed not in found_seeds:
+            raise ValueError(f"seed {seed} is not among the runs' seeds: {', '.join(map(str, found_seeds))}")
+    runs = [run for run in runs if run.summary["target"] in targets and (not seeds or run.summary["seed"] in seeds)]
     summaries, choices = [run.summary for run in runs], None
     folder_of = {(run.summary["label"], run.summary["target"], run.summary["seed"]): run.path for run in runs}
     if select_per_seed and not select_hparams:
