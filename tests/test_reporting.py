@@ -145,8 +145,17 @@ def test_a_report_of_some_seeds_reads_only_their_runs_for_tables_tests_and_the_c
     assert first["selected_hyperparameters"][2][2] == "ppdg(lam=1.0)"
     plain = build_report(tmp_path / "sweep", "last", baselines=["fedavg"], seeds=[1]).tables
     assert plain["ood"][1:] == [["fedavg", "44.0"], ["ppdg(lam=0.1)", "12.0"], ["ppdg(lam=1.0)", "52.0"]]
-    with pytest.raises(ValueError, match=re.escape("seed 5 is not among the runs' seeds: 0, 1")):
+    with pytest.raises(ValueError, match=re.escape("seed 5 is not among the seeds of the runs on a: 0, 1")):
         build_report(tmp_path / "sweep", "last", seeds=[5])
+    running = tmp_path / "sweep" / "running"  # seed 1's job still running: a report of seed 0 leaves nothing out
+    running.mkdir()
+    (running / "config.yaml").write_text("algorithm: fedavg\ntarget: a\nseed: 1\n")
+    assert build_report(tmp_path / "sweep", "last", seeds=[0]).warnings == []
+    assert build_report(tmp_path / "sweep", "last").warnings == [
+        f"note: 1 unfinished run(s) left out (no summary.json yet), e.g. {running}"]
+    write_sweep(tmp_path / "other", [("fedavg", {}, "a", 0, 70, 40), ("fedavg", {}, "b", 1, 70, 44)], {})
+    with pytest.raises(ValueError, match=re.escape("seed 1 is not among the seeds of the runs on a: 0")):
+        build_report(tmp_path / "other", "last", targets=["a"], seeds=[1])  # not an empty table
     printed = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--selection", "last", "--seed", "0",
                                        "--select-hparams"])
     assert printed.exit_code == 0 and "| ppdg | 50.0 |" in printed.output

@@ -152,8 +152,10 @@ def test_only_runs_a_part_of_a_sweep_whose_jobs_keep_their_identity(tmp_path):
     lines = result.output.splitlines()
     assert result.exit_code == 0 and [line.split(": about")[0] for line in lines] == [
         "fedavg: 4 jobs, 1 finished, 3 pending", "ppdg: 4 jobs, 1 finished, 3 pending"]
-    assert all(line.endswith(" min a job)") for line in lines) and len(done) == 2  # nothing run
-    assert not runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path / "none"), "--dry-run"]).exit_code
+    assert all(line.endswith(" s a round") for line in lines)
+    assert {job.run_dir for job in expand(spec, tmp_path / "s") if (job.run_dir / DONE_MARKER).exists()} == done
+    nothing = runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path / "none"), "--dry-run"])
+    assert nothing.exit_code == 0 and "fedavg: 4 jobs, 0 finished, 4 pending: no finished job of it in the sweep" in nothing.output
     assert not (tmp_path / "none").exists()
     both = run_sweep(spec, tmp_path / "s", progress=False, only={"algorithm": ["ppdg", "fedavg"], "seed": ["1"],
                                                                      "target": ["15"]})
@@ -163,6 +165,45 @@ def test_only_runs_a_part_of_a_sweep_whose_jobs_keep_their_identity(tmp_path):
                             ("seed", "--only expects KEY=VALUE (e.g. --only seed=1), got 'seed'")):
         result = runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path / "s"), "--no-progress", "--only", option])
         assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_a_dry_run_times_a_part_from_the_whole_sweeps_rounds_and_counts_partly_run_jobs_and_remakes(tmp_path):
+    """``--dry-run`` writes nothing and times the rounds left: for ``--only seed=1`` from the
+    seconds a round took in seed 0's finished job (summed over its starts), a partly run job
+    counting only its rounds not logged; with ``--remake-checkpoints`` a finished job without a
+    checkpoint counts its own seconds, and one recorded on another instruction set says it would
+    be refused. ``--workers 0`` is refused as a run refuses it."""
+    from fedbed.sweep import plan_sweep
+
+    spec = tiny_spec(algorithms=["fedavg"], targets=["0"], hp={})  # 2 jobs: seed 0 and seed 1, 2 rounds each
+    run_sweep(spec, tmp_path, progress=False, threads=1, only={"seed": ["0"]})
+    finished, pending = expand(spec, tmp_path)
+    per_round = [json.loads(line)["seconds"] for line in (finished.run_dir / "rounds.jsonl").read_text().splitlines()]
+    (row,) = plan_sweep(spec, tmp_path, only={"seed": ["1"]})
+    assert (row["jobs"], row["finished"], row["pending"], row["partly_run"], row["remake"]) == (1, 0, 1, 0, 0)
+    assert row["seconds_per_round"] == pytest.approx(sum(per_round) / 2)
+    assert row["pending_hours"] == pytest.approx(2 * sum(per_round) / 2 / 3600)
+    pending.run_dir.mkdir()
+    (pending.run_dir / "rounds.jsonl").write_text(json.dumps({"round": 1, "seconds": 99.0}) + "\n")  # one round logged
+    (row,) = plan_sweep(spec, tmp_path)
+    assert (row["finished"], row["pending"], row["partly_run"]) == (1, 1, 1)
+    assert row["pending_hours"] == pytest.approx(sum(per_round) / 2 / 3600)
+    (finished.run_dir / "checkpoint.pt").unlink()
+    start = json.loads((finished.run_dir / "provenance.jsonl").read_text().splitlines()[0])
+    (finished.run_dir / "provenance.jsonl").write_text(json.dumps({**start, "torch_cpu_capability": "ANOTHER"}) + "\n")
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    before = sorted((path, path.stat().st_mtime_ns) for path in tmp_path.rglob("*"))
+    result = runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path), "--dry-run", "--remake-checkpoints"])
+    assert result.exit_code == 0, result.output
+    assert "fedavg: 2 jobs, 1 finished, 1 pending (1 partly run), 1 to remake: about" in result.output
+    assert "1 of the 1 to remake would be refused: the record was made with torch_cpu_capability ANOTHER" in result.output
+    assert sorted((path, path.stat().st_mtime_ns) for path in tmp_path.rglob("*")) == before  # nothing written
+    refused = runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path), "--dry-run", "--workers", "0"])
+    assert refused.exit_code == 2 and "--workers must be at least 1, got 0" in refused.output
+    (finished.run_dir / "rounds.jsonl").write_text("{not json\n")
+    broken = runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path), "--dry-run"])
+    assert broken.exit_code == 2 and "rounds.jsonl is not JSON lines" in broken.output and "Traceback" not in broken.output
 
 
 def test_a_committed_job_without_its_checkpoint_gets_it_back_only_from_an_equal_re_run(tmp_path):

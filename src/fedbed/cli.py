@@ -346,6 +346,22 @@ def prepare(
     typer.echo(f"wrote {path}")
 
 
+def planned_line(row: dict[str, Any]) -> str:
+    """One line of ``fedbed sweep --dry-run``: a row of :func:`fedbed.sweep.plan_sweep`."""
+    partly = f" ({row['partly_run']} partly run)" if row["partly_run"] else ""
+    remake = f", {row['remake']} to remake" if row["remake"] else ""
+    if row["pending_hours"] is None:
+        time_left = "no finished job of it in the sweep to estimate from"
+    else:
+        speed = "" if row["seconds_per_round"] is None else f"; {row['seconds_per_round']:.1f} s a round"
+        time_left = f"about {row['pending_hours']:.1f} h one job at a time{speed}"
+    line = f"{row['algorithm']}: {row['jobs']} jobs, {row['finished']} finished, {row['pending']} pending{partly}{remake}: {time_left}"
+    if row["remake_refused"]:
+        refusal, count = row["remake_refused"]
+        line += f"\n  {count} of the {row['remake']} to remake would be refused: {refusal}"
+    return line
+
+
 @app.command()
 def sweep(
     sweep_file: Annotated[Path, typer.Argument(help="YAML sweep file (see docs/sweeps/).")],
@@ -362,8 +378,8 @@ def sweep(
         help="Re-run finished jobs without a checkpoint (records committed without it, e.g. the initial models of a "
              "warm-started sweep) and keep the checkpoint only if the re-run's rounds.jsonl equals the record.")] = False,
     dry_run: Annotated[bool, typer.Option(
-        help="Run nothing: per algorithm, the jobs finished and pending and the pending jobs' time on one core, "
-             "estimated from the finished jobs' wall_seconds.")] = False,
+        help="Run nothing, write nothing: per algorithm, the jobs finished, pending (partly run) and to remake, and "
+             "their time one job at a time, from the seconds a round took in the sweep's finished jobs.")] = False,
 ) -> None:
     """Run a grid of algorithms x targets x seeds x hyperparameters; finished jobs are skipped."""
     from fedbed.config import ConfigError
@@ -384,13 +400,11 @@ def sweep(
         spec = load_sweep_file(sweep_file)
         folder = out or Path("runs") / "sweeps" / spec.name
         if dry_run:
-            from fedbed.sweep import plan_sweep
+            from fedbed.sweep import check_parallelism, plan_sweep
 
-            for row in plan_sweep(spec, folder, data_root, selected):
-                hours = "no finished job to estimate from" if row["pending_hours"] is None else (
-                    f"about {row['pending_hours']:.1f} h on one core ({row['median_seconds'] / 60:.1f} min a job)")
-                typer.echo(f"{row['algorithm']}: {row['jobs']} jobs, {row['finished']} finished, {row['pending']} "
-                           f"pending: {hours}")
+            check_parallelism(workers, threads)
+            for row in plan_sweep(spec, folder, data_root, selected, remake_checkpoints):
+                typer.echo(planned_line(row))
             return
         outcome = run_sweep(spec, folder, workers=workers, threads=threads, progress=progress, data_root=data_root,
                             only=selected, remake_checkpoints=remake_checkpoints)

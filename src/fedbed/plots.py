@@ -232,7 +232,7 @@ def _caption(figure, notes: list[str]) -> None:
 
 
 def plot_sweep(sweep_dirs: Path | Sequence[Path], selection: str = "train_domain_val", out: Path | None = None,
-               runs: list[FinishedRun] | None = None) -> list[Path]:
+               runs: list[FinishedRun] | None = None, unfinished: Sequence[Path] | None = None) -> list[Path]:
     """Write the plots of one sweep folder's finished runs, or of several folders' read together
     (labelled and paired as :func:`fedbed.reporting.build_report` does).
 
@@ -253,6 +253,8 @@ def plot_sweep(sweep_dirs: Path | Sequence[Path], selection: str = "train_domain
         out: where to write (default: the one folder's ``plots/``; required for several folders).
         runs: the runs to draw, scored under ``selection``
             (:func:`fedbed.reporting.scored_runs`; default: every finished run of the folders).
+        unfinished: the unfinished runs the captions count (default: every one of the folders,
+            :func:`fedbed.results.unfinished_runs`); a report of some targets or seeds passes its own.
 
     Returns:
         The paths written.
@@ -278,7 +280,7 @@ def plot_sweep(sweep_dirs: Path | Sequence[Path], selection: str = "train_domain
                 for run in runs for row in round_rows(run.path)]
     rows = [r for r in all_rows if r["ood_mean"] is not None]
     notes = [note for note in evaluation_notes(summaries) if note.startswith("evaluation")]
-    unfinished = unfinished_runs(folders)
+    unfinished = unfinished_runs(folders) if unfinished is None else unfinished
     if unfinished:
         notes.append(f"left out: {len(unfinished)} unfinished run(s), without summary.json")
     for target in sorted({r["target"] for r in rows}, key=lambda t: (len(t), t)):

@@ -486,6 +486,8 @@ class Report:
             evaluation read (:func:`evaluation_notes`).
         warnings: runs made by several versions of the code (:func:`code_mix_warning`), and
             unfinished runs left out.
+        unfinished: the unfinished runs of the shown targets and seeds
+            (:func:`fedbed.results.unfinished_runs`), which the tables and plots leave out.
     """
 
     selections: list[str]
@@ -494,6 +496,7 @@ class Report:
     runs: list[FinishedRun]
     notes: list[str]
     warnings: list[str]
+    unfinished: list[Path]
 
 
 def build_report(
@@ -549,6 +552,7 @@ def build_report(
     from fedbed.federation.evaluation import REPORT_SELECTIONS
 
     folders = as_folders(sweep_dirs)
+    asked_targets = tuple(targets)
     selections = [selections] if isinstance(selections, str) else list(selections) or ["train_domain_val"]
     for selection in selections:
         if selection not in REPORT_SELECTIONS:
@@ -564,11 +568,13 @@ def build_report(
         if target not in found:
             raise ValueError(f"target {target!r} is not among the runs' targets: {', '.join(found)}")
     targets = list(targets) or found
+    runs = [run for run in runs if run.summary["target"] in targets]
     found_seeds = sorted({run.summary["seed"] for run in runs})
     for seed in seeds:
         if seed not in found_seeds:
-            raise ValueError(f"seed {seed} is not among the runs' seeds: {', '.join(map(str, found_seeds))}")
-    runs = [run for run in runs if run.summary["target"] in targets and (not seeds or run.summary["seed"] in seeds)]
+            raise ValueError(f"seed {seed} is not among the seeds of the runs on {', '.join(targets)}: "
+                             f"{', '.join(map(str, found_seeds))}")
+    runs = [run for run in runs if not seeds or run.summary["seed"] in seeds]
     summaries, choices = [run.summary for run in runs], None
     folder_of = {(run.summary["label"], run.summary["target"], run.summary["seed"]): run.path for run in runs}
     if select_per_seed and not select_hparams:
@@ -609,13 +615,13 @@ def build_report(
         raise ValueError(f"the runs in {', '.join(str(folder) for folder in folders)} read different data "
                          f"({'; '.join(sources)}); report them separately, or pass --allow-mixed-data")
     warnings = [warning for warning in [code_mix_warning(summaries)] if warning is not None]
-    unfinished = unfinished_runs(folders)
+    unfinished = unfinished_runs(folders, asked_targets, seeds)
     if unfinished:
         warnings.append(f"note: {len(unfinished)} unfinished run(s) left out (no {SUMMARY_NAME} yet), e.g. {unfinished[0]}")
     runs = [run for run in runs if run.summary["group" if select_hparams else "label"] in labels]
     return Report(selections, tables, summaries, runs,
                   [f"data: {line}" for line in sources] + evaluation_notes(summaries) + collapse_notes(summaries)
-                  + missing_score_notes(summaries, selections), warnings)
+                  + missing_score_notes(summaries, selections), warnings, unfinished)
 
 
 def render_report(report: Report, format: str = "markdown") -> str:
@@ -779,7 +785,7 @@ def html_report(tables: dict[str, list[list[str]]], images: list[Path], title: s
 
 
 def write_html_report(report: Report, sweep_dirs: Sequence[Path], path: Path,
-                      plot: Callable[[Sequence[Path], str, Path | None, list[FinishedRun]], list[Path]]) -> Path:
+                      plot: Callable[[Sequence[Path], str, Path | None, list[FinishedRun], list[Path]], list[Path]]) -> Path:
     """Write ``fedbed report --html``'s page for ``report`` of ``sweep_dirs`` to ``path``: the
     plots of its first selection rule (``plot``, :func:`fedbed.plots.plot_sweep`: into the
     folder's ``plots/``, or for several folders beside the page, ``<name>_plots/``), the settings
@@ -789,7 +795,7 @@ def write_html_report(report: Report, sweep_dirs: Sequence[Path], path: Path,
     ``plot`` is passed in: :mod:`fedbed.plots` imports this module, which does not import it back.
     """
     plots = path.parent / f"{path.stem}_plots" if len(sweep_dirs) > 1 else None
-    images = plot(sweep_dirs, report.selections[0], plots, report.runs)
+    images = plot(sweep_dirs, report.selections[0], plots, report.runs, report.unfinished)
     title = ", ".join(folder.name for folder in sweep_dirs)
     selections = ", ".join(report.selections)
     path.write_text(html_report(report.tables, images, f"FedBed report: {title} ({selections})",

@@ -217,11 +217,23 @@ def files_below(folder: Path, name: str) -> list[Path]:
     return [path for path in sorted(folder.rglob(name)) if REMADE_FOLDER not in path.relative_to(folder).parts[:-1]]
 
 
-def unfinished_runs(sweep_dirs: Path | Sequence[Path]) -> list[Path]:
+def unfinished_runs(sweep_dirs: Path | Sequence[Path], targets: Sequence[str] = (),
+                    seeds: Sequence[int] = ()) -> list[Path]:
     """The run folders below the folders that have settings (``config.yaml``) but no summary yet:
-    running, interrupted or failed jobs, which reports and plots leave out."""
+    running, interrupted or failed jobs, which reports and plots leave out; only those of
+    ``targets`` and ``seeds`` when given (a report of some targets or seeds does not leave out
+    the others' runs)."""
+    import yaml
+
+    def shown(config_path: Path) -> bool:
+        if not targets and not seeds:
+            return True
+        settings = yaml.safe_load(config_path.read_text()) or {}
+        return ((not targets or str(settings.get("target")) in targets)
+                and (not seeds or settings.get("seed") in seeds))
+
     return [path.parent for folder in as_folders(sweep_dirs) for path in files_below(folder, CONFIG_NAME)
-            if not (path.parent / SUMMARY_NAME).exists()]
+            if not (path.parent / SUMMARY_NAME).exists() and shown(path)]
 
 
 def labelled_runs(sweep_dirs: Path | Sequence[Path]) -> list[FinishedRun]:

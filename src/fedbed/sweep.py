@@ -78,8 +78,9 @@ from fedbed.config import (PLACEMENT_SETTINGS, ConfigError, ExperimentConfig, co
 from fedbed.experiment import run_experiment
 from fedbed.provenance import run_sources, source_fingerprint
 from fedbed.results import VARIANT_LIMITS
-from fedbed.run_directory import (CHECKPOINT_NAME, CLAIMS_FOLDER, CLIENT_STATES_FOLDER, DONE_MARKER, REMADE_FOLDER,
-                                  SUMMARY_NAME, SWEEP_RECORD)
+from fedbed.run_directory import (CHECKPOINT_NAME, CLAIMS_FOLDER, CLIENT_STATES_FOLDER, DONE_MARKER, LOG_NAME,
+                                  REMADE_FOLDER, SUMMARY_NAME, SWEEP_RECORD)
+from fedbed.run_result import read_log
 
 PER_JOB_KEYS = ("algorithm", "target", "seed", "run_dir", "hparams_trial")
 """Settings a sweep sets per job: neither ``base`` nor a variant may hold them."""
@@ -484,7 +485,7 @@ def remake_checkpoint(config: ExperimentConfig, threads: int) -> JobOutcome:
 
     import torch
 
-    from fedbed.provenance import current_provenance, read_starts
+    from fedbed.provenance import read_starts
     from fedbed.run_result import first_differing_round
 
     run_dir = config.run_dir
@@ -495,14 +496,10 @@ def remake_checkpoint(config: ExperimentConfig, threads: int) -> JobOutcome:
     try:
         if (run_dir / CHECKPOINT_NAME).exists():  # made by another process meanwhile
             return JobOutcome(str(run_dir))
-        recorded = (read_starts(run_dir) or [{}])[0]
-        torch.set_num_threads(recorded.get("torch_threads") or threads)
-        here = current_provenance()
-        for key in ("torch", "torch_cpu_capability"):
-            if recorded.get(key) is not None and recorded[key] != here[key]:
-                return JobOutcome(str(run_dir), error=f"the record was made with {key} {recorded[key]}, this machine has "
-                                                      f"{here[key]}: a re-run here cannot reproduce it; remake it on a "
-                                                      "machine like the one that made it")
+        refusal = remake_refusal(run_dir)
+        if refusal:
+            return JobOutcome(str(run_dir), error=refusal)
+        torch.set_num_threads((read_starts(run_dir) or [{}])[0].get("torch_threads") or threads)
         if (scratch / SUMMARY_NAME).exists():  # an earlier re-run finished (and differed): start over
             shutil.rmtree(scratch)
         run_experiment(config.model_copy(update={"run_dir": scratch, "tracker": None}),
@@ -570,35 +567,96 @@ def jobs_matching(jobs: list[ExperimentConfig], only: dict[str, list[str]]) -> l
     return [job for job in jobs if all(str(getattr(job, key)) in values for key, values in only.items())]
 
 
-def plan_sweep(spec: SweepSpec, sweep_dir: Path, data_root: Path | str | None = None,
-               only: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
-    """What :func:`run_sweep` would run, per algorithm, without running or writing anything: the
-    jobs of the part (:func:`jobs_matching`), how many are finished, and an estimate of the
-    pending jobs' time on one core: their number times the median ``wall_seconds`` of the
-    algorithm's finished jobs in the folder (``None`` without one; jobs run elsewhere may have
-    taken another machine's time, and a resumed job's summary counts its last start only).
+def remake_refusal(run_dir: Path) -> str | None:
+    """Why a finished job's checkpoint cannot be remade on this machine (:func:`remake_checkpoint`),
+    or ``None``: its record's first start (``provenance.jsonl``) names another torch version or CPU
+    instruction set than this machine's, whose arithmetic differs in the last bits."""
+    from fedbed.provenance import current_provenance, read_starts
 
-    Returns:
-        one ``{"algorithm", "jobs", "finished", "pending", "median_seconds", "pending_hours"}``
-        per algorithm, in the sweep's order.
+    recorded, here = (read_starts(run_dir) or [{}])[0], current_provenance()
+    for key in ("torch", "torch_cpu_capability"):
+        if recorded.get(key) is not None and recorded[key] != here[key]:
+            return (f"the record was made with {key} {recorded[key]}, this machine has {here[key]}: a re-run here "
+                    "cannot reproduce it; remake it on a machine like the one that made it")
+    return None
+
+
+def check_parallelism(workers: int, threads: int | None) -> None:
+    """Refuse a sweep's ``workers`` or ``threads`` below 1.
 
     Raises:
-        ConfigError: as :func:`expand` and :func:`jobs_matching`.
+        ConfigError: naming the option and the value given.
+    """
+    if workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {workers}")
+    if threads is not None and threads < 1:
+        raise ConfigError(f"--threads must be at least 1, got {threads}; leave it out for cores // workers")
+
+
+def logged_seconds(run_dir: Path) -> tuple[int, float]:
+    """The rounds in ``run_dir``'s ``rounds.jsonl`` and the seconds they took (each round's
+    ``seconds``, evaluation included), summed over every start of the run, where a summary's
+    ``wall_seconds`` counts its last start only.
+
+    Raises:
+        ConfigError: a log that is not JSON lines (naming it).
+    """
+    try:
+        records = read_log(run_dir)
+    except ValueError as error:
+        raise ConfigError(f"{run_dir / LOG_NAME} is not JSON lines ({error}); restore it from git or delete the "
+                          "job's folder to run it again") from None
+    return len(records), sum(float(record.get("seconds") or 0.0) for record in records)
+
+
+def plan_sweep(spec: SweepSpec, sweep_dir: Path, data_root: Path | str | None = None,
+               only: dict[str, list[str]] | None = None, remake_checkpoints: bool = False) -> list[dict[str, Any]]:
+    """What :func:`run_sweep` would do, per algorithm, without running or writing anything: the
+    jobs of the part (:func:`jobs_matching`), how many are finished, partly run (a log, no
+    ``done``) or to remake (``remake_checkpoints``: finished without a checkpoint), and an
+    estimate of the time their runs take one after another: the rounds left times the median
+    seconds a round took in the algorithm's finished jobs anywhere in the sweep (summed over
+    each job's starts, :func:`logged_seconds`; ``None`` without a finished job). A job to remake
+    counts its own logged seconds. The jobs ran at the torch threads their records name, and
+    jobs made on another machine took that machine's time.
+
+    Returns:
+        one ``{"algorithm", "jobs", "finished", "pending", "partly_run", "remake", "remake_refused",
+        "seconds_per_round", "pending_hours"}`` per algorithm, in the sweep's order;
+        ``remake_refused`` is the first refusal (:func:`remake_refusal`) and how many share it.
+
+    Raises:
+        ConfigError: as :func:`expand`, :func:`jobs_matching` and :func:`finished_on_other_data`
+            (the refusals :func:`run_sweep` would make), and a finished job's unreadable log.
     """
     import statistics
 
-    jobs = jobs_matching(expand(spec, sweep_dir, data_root), only or {})
+    every_job = expand(spec, sweep_dir, data_root)
+    jobs = jobs_matching(every_job, only or {})
+    other_data = finished_on_other_data(jobs)
+    if other_data:
+        raise ConfigError(f"{len(other_data)} finished job(s) in {sweep_dir} were made from other data than this sweep "
+                          f"reads (e.g. {other_data[0]}); a run would refuse them")
     rows = []
     for algorithm in dict.fromkeys(job.algorithm for job in jobs):
+        per_round = [seconds / rounds for rounds, seconds in
+                     (logged_seconds(job.run_dir) for job in every_job
+                      if job.algorithm == algorithm and (job.run_dir / DONE_MARKER).exists()) if rounds]
+        speed = statistics.median(per_round) if per_round else None
         own = [job for job in jobs if job.algorithm == algorithm]
-        finished = [job for job in own if (job.run_dir / DONE_MARKER).exists()]
-        seconds = [json.loads((job.run_dir / SUMMARY_NAME).read_text()).get("wall_seconds") for job in finished
-                   if (job.run_dir / SUMMARY_NAME).exists()]
-        seconds = [value for value in seconds if isinstance(value, (int, float))]
-        median = statistics.median(seconds) if seconds else None
-        pending = len(own) - len(finished)
-        rows.append({"algorithm": algorithm, "jobs": len(own), "finished": len(finished), "pending": pending,
-                     "median_seconds": median, "pending_hours": None if median is None else pending * median / 3600})
+        pending = [job for job in own if not (job.run_dir / DONE_MARKER).exists()]
+        partly_run = {job.run_dir: logged_seconds(job.run_dir)[0] for job in pending if (job.run_dir / LOG_NAME).exists()}
+        remake = [job for job in own if remake_checkpoints and (job.run_dir / DONE_MARKER).exists()
+                  and not (job.run_dir / CHECKPOINT_NAME).exists()]
+        refusals = [refusal for refusal in map(remake_refusal, (job.run_dir for job in remake)) if refusal]
+        hours = None
+        if speed is not None or not pending:
+            rounds_left = sum(max(job.rounds - partly_run.get(job.run_dir, 0), 0) for job in pending)
+            hours = (rounds_left * (speed or 0.0) + sum(logged_seconds(job.run_dir)[1] for job in remake)) / 3600
+        rows.append({"algorithm": algorithm, "jobs": len(own), "finished": len(own) - len(pending),
+                     "pending": len(pending), "partly_run": len(partly_run), "remake": len(remake),
+                     "remake_refused": (refusals[0], len(refusals)) if refusals else None,
+                     "seconds_per_round": speed, "pending_hours": hours})
     return rows
 
 
@@ -642,10 +700,7 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, threads: int |
         code than this one started or resumed (:func:`made_by_other_code`): their numbers may
         differ from what this code gives.
     """
-    if workers < 1:
-        raise ConfigError(f"--workers must be at least 1, got {workers}")
-    if threads is not None and threads < 1:
-        raise ConfigError(f"--threads must be at least 1, got {threads}; leave it out for cores // workers")
+    check_parallelism(workers, threads)
     every_job = expand(spec, sweep_dir, data_root)
     jobs = jobs_matching(every_job, only or {})
     other_data = finished_on_other_data(jobs)
