@@ -645,7 +645,8 @@ def plan_sweep(spec: SweepSpec, sweep_dir: Path, data_root: Path | str | None = 
         speed = statistics.median(per_round) if per_round else None
         own = [job for job in jobs if job.algorithm == algorithm]
         pending = [job for job in own if not (job.run_dir / DONE_MARKER).exists()]
-        partly_run = {job.run_dir: logged_seconds(job.run_dir)[0] for job in pending if (job.run_dir / LOG_NAME).exists()}
+        partly_run = {job.run_dir: (job.run_dir / LOG_NAME).read_text().count("\n")  # a running job may be mid-line
+                      for job in pending if (job.run_dir / LOG_NAME).exists()}
         remake = [job for job in own if remake_checkpoints and (job.run_dir / DONE_MARKER).exists()
                   and not (job.run_dir / CHECKPOINT_NAME).exists()]
         refusals = [refusal for refusal in map(remake_refusal, (job.run_dir for job in remake)) if refusal]
