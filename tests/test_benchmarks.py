@@ -66,6 +66,9 @@ SMOKE_RUNS = [
     SmokeRun("many_clients.py", rf"^\| 100 \| 10 \| {NUMBER} \| {NUMBER} \| {NUMBER} \| {NUMBER} \|$",
              also=(rf"^\| 10 \| 1 \| {NUMBER} \| {NUMBER} \| {NUMBER} \| {NUMBER} \|$",),
              at_most=((rf"^peak RSS at 100 clients / at 10: {NUMBER}$", 1.5),)),
+    # the two models end equal bit for bit (the script exits 1 otherwise)
+    SmokeRun("max_pool_layout.py", rf"^step time torch / FedBed max-pool: {NUMBER}$",
+             also=(r"^hfedf_cnn, batch 4, .*; parameters equal bit for bit after training: True$",)),
     SmokeRun("mcgdm_client_cost.py", rf"^mcgdm / FedAvg local training time per image: {NUMBER}$"),
     # images kept as uint8 take a quarter of their float32 model input
     SmokeRun("client_data_memory.py", rf"^PACS-32: 32 samples; .* as float32 model input: .* MiB \({NUMBER}x\)$",

@@ -26,6 +26,41 @@ def test_hfedf_cnn_matches_table_9_widths():
     assert flat.shape == (1, 2592)
 
 
+@pytest.mark.parametrize("kernel_size, stride, padding, shape", [
+    (2, 2, 0, (5, 64, 16, 16)),   # hFedF's CNN
+    (3, 1, 1, (5, 176, 8, 8)),    # hFedF's Inception pooling branch: overlapping windows
+    (3, 2, 1, (5, 64, 15, 15)),   # KD3A's CNN, with an odd size
+])
+def test_the_channels_last_max_pool_gives_torchs_values_and_gradients_bit_for_bit(kernel_size, stride, padding, shape):
+    """On ReLU outputs rounded to one decimal (windows full of tied maxima, zeros above all), the
+    layer's output, the input gradient (summed over overlapping windows) and the result of an
+    upstream convolution's backward equal :class:`torch.nn.MaxPool2d`'s exactly; inputs it does
+    not take (3-D, channels-last, ``return_indices``) go through torch's own path."""
+    from fedbed.models.networks import MaxPool2d
+
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(*shape, generator=generator).relu().round(decimals=1)
+    convolution = torch.nn.Conv2d(shape[1], shape[1], 3, padding=1)
+    results = []
+    for layer in (torch.nn.MaxPool2d(kernel_size, stride, padding), MaxPool2d(kernel_size, stride, padding)):
+        convolution.zero_grad()
+        inputs = images.clone().requires_grad_()
+        pooled = layer(convolution(inputs).relu().round(decimals=1) + inputs)
+        weights = torch.randn(pooled.shape, generator=torch.Generator().manual_seed(1))
+        (pooled * weights).sum().backward()
+        results.append((pooled, inputs.grad, convolution.weight.grad.clone()))
+        assert pooled.is_contiguous() and inputs.grad.is_contiguous()
+    for torchs, ours in zip(*results):
+        assert torch.equal(torchs, ours)
+    layer = MaxPool2d(kernel_size, stride, padding)
+    assert torch.equal(layer(images[0]), torch.nn.functional.max_pool2d(images[0], kernel_size, stride, padding))
+    channels_last = images.contiguous(memory_format=torch.channels_last)
+    assert torch.equal(layer(channels_last), torch.nn.functional.max_pool2d(images, kernel_size, stride, padding))
+    with_indices = MaxPool2d(kernel_size, stride, padding, return_indices=True)(images)
+    assert torch.equal(with_indices[1], torch.nn.functional.max_pool2d(images, kernel_size, stride, padding,
+                                                                        return_indices=True)[1])
+
+
 def test_resnet_weights_only_from_a_local_file(tmp_path):
     reference = build_model("resnet18", (3, 32, 32), 2)
     state = {k.removeprefix("featurizer."): v for k, v in reference.state_dict().items() if k.startswith("featurizer.")}

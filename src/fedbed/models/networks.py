@@ -110,6 +110,57 @@ class MnistCnn(nn.Module):
         return self.layers(images)
 
 
+class _ChannelsLastMaxPool(torch.autograd.Function):
+    """2-D max-pooling by torch's channels-last kernels, taking and giving contiguous
+    ``[B, C, H, W]`` tensors: :class:`MaxPool2d`'s forward and backward."""
+
+    @staticmethod
+    def forward(ctx, images: torch.Tensor, kernel_size: list[int], stride: list[int], padding: list[int],
+                dilation: list[int], ceil_mode: bool) -> torch.Tensor:
+        channels_last = images.contiguous(memory_format=torch.channels_last)
+        pooled, indices = torch.ops.aten.max_pool2d_with_indices(channels_last, kernel_size, stride, padding, dilation,
+                                                                 ceil_mode)
+        ctx.save_for_backward(channels_last, indices)
+        ctx.settings = (kernel_size, stride, padding, dilation, ceil_mode)
+        return pooled.contiguous()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        channels_last, indices = ctx.saved_tensors
+        grad_images = torch.ops.aten.max_pool2d_with_indices_backward(
+            grad.contiguous(memory_format=torch.channels_last), channels_last, *ctx.settings, indices)
+        return grad_images.contiguous(), None, None, None, None, None
+
+
+class MaxPool2d(nn.MaxPool2d):
+    """:class:`torch.nn.MaxPool2d` with the same outputs and gradients, bit for bit, computed on
+    the CPU by torch's channels-last kernels. On small planes with many channels (hFedF's CNN at
+    16 x 16 and 8 x 8 with 64-176 channels) torch's CPU ``max_pool2d_with_indices``, the training
+    path, takes several times as long in the default layout as in channels-last, and the four
+    max-pools took about a fifth of that CNN's training time; on its 32 x 32 stem the conversions
+    cost more than they save, so that layer stays torch's (``benchmarks/max_pool_layout.py``
+    prints each layer's time and the training step's both ways). The input and output stay in the default
+    layout (the layer converts both ways), so the convolutions around it, and their bits, are
+    those of :class:`torch.nn.MaxPool2d`'s models. A maximum is exact, both kernels pick the first
+    maximum of a window in the same order, and the backward pass adds a window's gradient in the
+    same order (``tests/test_models.py`` checks values, indices and gradients on inputs full of
+    ties). Other inputs (``return_indices``, not 4-D, not on the CPU, channels-last already) take
+    :class:`torch.nn.MaxPool2d`'s path.
+
+    Shapes: ``[B, C, H, W]`` -> ``[B, C, H', W']`` as :class:`torch.nn.MaxPool2d`.
+    """
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if (self.return_indices or images.dim() != 4 or not images.is_cpu or not images.is_floating_point()
+                or not images.is_contiguous()):
+            return super().forward(images)
+        def pair(value: int | tuple[int, ...]) -> list[int]:
+            return [value, value] if isinstance(value, int) else list(value)
+
+        return _ChannelsLastMaxPool.apply(images, pair(self.kernel_size), pair(self.stride), pair(self.padding),
+                                          pair(self.dilation), self.ceil_mode)
+
+
 class LeNet(nn.Module):
     """LeNet-5 featurizer (LeCun et al. 1998) for 28x28 images, the RotatedMNIST model of PPDG
     (``ppdg-gradient-alignment.txt``, Sec. 4.4).
@@ -156,7 +207,7 @@ class InceptionModule(nn.Module):
         self.branch_1x1 = nn.Conv2d(in_channels, one, 1)
         self.branch_3x3 = nn.Conv2d(in_channels, three, 3, padding=1)
         self.branch_5x5 = nn.Conv2d(in_channels, five, 5, padding=2)
-        self.branch_pool = nn.MaxPool2d(3, stride=1, padding=1)
+        self.branch_pool = MaxPool2d(3, stride=1, padding=1)
         self.out_channels = in_channels + one + three + five
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -213,11 +264,11 @@ class HfedfCnn(nn.Module):
         second = InceptionModule(first.out_channels)
         self.layers = nn.Sequential(
             nn.Conv2d(in_channels, 32, 3, padding=1),
-            nn.MaxPool2d(2),
+            nn.MaxPool2d(2),  # at 32 x 32 torch's own layer is faster (benchmarks/max_pool_layout.py)
             nn.ReLU(),
             nn.Conv2d(32, 32, 1),
             nn.Conv2d(32, 64, 3, padding=1),
-            nn.MaxPool2d(2),
+            MaxPool2d(2),
             nn.ReLU(),
             first,
             nn.ReLU(),
