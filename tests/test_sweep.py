@@ -199,6 +199,8 @@ def test_a_dry_run_times_a_part_from_the_whole_sweeps_rounds_and_counts_partly_r
     assert "fedavg: 2 jobs, 1 finished, 1 pending (1 partly run), 1 to remake: about" in result.output
     assert "1 of the 1 to remake would be refused: the record was made with torch_cpu_capability ANOTHER" in result.output
     assert sorted((path, path.stat().st_mtime_ns) for path in tmp_path.rglob("*")) == before  # nothing written
+    finished_only = runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path), "--dry-run", "--only", "seed=0"])
+    assert finished_only.output.strip() == "fedavg: 1 jobs, 1 finished, 0 pending: nothing to run"
     refused = runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path), "--dry-run", "--workers", "0"])
     assert refused.exit_code == 2 and "--workers must be at least 1, got 0" in refused.output
     (finished.run_dir / "rounds.jsonl").write_text("{not json\n")

@@ -350,7 +350,9 @@ def planned_line(row: dict[str, Any]) -> str:
     """One line of ``fedbed sweep --dry-run``: a row of :func:`fedbed.sweep.plan_sweep`."""
     partly = f" ({row['partly_run']} partly run)" if row["partly_run"] else ""
     remake = f", {row['remake']} to remake" if row["remake"] else ""
-    if row["pending_hours"] is None:
+    if not row["pending"] and not row["remake"]:
+        time_left = "nothing to run"
+    elif row["pending_hours"] is None:
         time_left = "no finished job of it in the sweep to estimate from"
     else:
         speed = "" if row["seconds_per_round"] is None else f"; {row['seconds_per_round']:.1f} s a round"
