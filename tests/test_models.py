@@ -27,31 +27,37 @@ def test_hfedf_cnn_matches_table_9_widths():
 
 
 @pytest.mark.parametrize("kernel_size, stride, padding, shape", [
-    (2, 2, 0, (5, 64, 16, 16)),   # hFedF's CNN
+    (2, 2, 0, (5, 64, 16, 16)),   # hFedF's CNN's stem
     (3, 1, 1, (5, 176, 8, 8)),    # hFedF's Inception pooling branch: overlapping windows
-    (3, 2, 1, (5, 64, 15, 15)),   # KD3A's CNN, with an odd size
+    (3, 2, 1, (5, 64, 15, 15)),   # an odd size, windows over the padding
 ])
 def test_the_channels_last_max_pool_gives_torchs_values_and_gradients_bit_for_bit(kernel_size, stride, padding, shape):
     """On ReLU outputs rounded to one decimal (windows full of tied maxima, zeros above all), the
-    layer's output, the input gradient (summed over overlapping windows) and the result of an
-    upstream convolution's backward equal :class:`torch.nn.MaxPool2d`'s exactly; inputs it does
-    not take (3-D, channels-last, ``return_indices``) go through torch's own path."""
+    layer's output, the gradient it passes back (a non-leaf's, contiguous, summed over
+    overlapping windows), an upstream convolution's weight gradient and ``torch.func``'s
+    gradient and vmap equal :class:`torch.nn.MaxPool2d`'s exactly; inputs it does not take (3-D,
+    channels-last, ``return_indices``) go through torch's own path."""
     from fedbed.models.networks import MaxPool2d
 
     generator = torch.Generator().manual_seed(0)
     images = torch.randn(*shape, generator=generator).relu().round(decimals=1)
     convolution = torch.nn.Conv2d(shape[1], shape[1], 3, padding=1)
+    weights = torch.randn(torch.nn.functional.max_pool2d(images, kernel_size, stride, padding).shape,
+                          generator=torch.Generator().manual_seed(1))
     results = []
     for layer in (torch.nn.MaxPool2d(kernel_size, stride, padding), MaxPool2d(kernel_size, stride, padding)):
         convolution.zero_grad()
-        inputs = images.clone().requires_grad_()
-        pooled = layer(convolution(inputs).relu().round(decimals=1) + inputs)
-        weights = torch.randn(pooled.shape, generator=torch.Generator().manual_seed(1))
+        features = convolution(images).relu()
+        features = features + (features.round(decimals=1) - features).detach() + images  # rounded: ties; gradient: 1
+        pooled = layer(features)
+        (passed_back,) = torch.autograd.grad(pooled, features, weights, retain_graph=True)
         (pooled * weights).sum().backward()
-        results.append((pooled, inputs.grad, convolution.weight.grad.clone()))
-        assert pooled.is_contiguous() and inputs.grad.is_contiguous()
+        assert convolution.weight.grad.abs().sum() > 0 and passed_back.is_contiguous() and pooled.is_contiguous()
+        function_gradient = torch.func.grad(lambda x: (layer(x) * weights).sum())(images)
+        batched = torch.func.vmap(layer)(images.unsqueeze(1))
+        results.append((pooled, passed_back, convolution.weight.grad.clone(), function_gradient, batched))
     for torchs, ours in zip(*results):
-        assert torch.equal(torchs, ours)
+        assert torchs.stride() == ours.stride() and torch.equal(torchs, ours)
     layer = MaxPool2d(kernel_size, stride, padding)
     assert torch.equal(layer(images[0]), torch.nn.functional.max_pool2d(images[0], kernel_size, stride, padding))
     channels_last = images.contiguous(memory_format=torch.channels_last)
@@ -59,6 +65,8 @@ def test_the_channels_last_max_pool_gives_torchs_values_and_gradients_bit_for_bi
     with_indices = MaxPool2d(kernel_size, stride, padding, return_indices=True)(images)
     assert torch.equal(with_indices[1], torch.nn.functional.max_pool2d(images, kernel_size, stride, padding,
                                                                         return_indices=True)[1])
+    one_by_one = torch.rand(2, 3, kernel_size, kernel_size)  # a 1 x 1 output plane keeps the default strides
+    assert MaxPool2d(kernel_size, kernel_size)(one_by_one).stride() == torch.nn.MaxPool2d(kernel_size)(one_by_one).stride()
 
 
 def test_resnet_weights_only_from_a_local_file(tmp_path):

@@ -201,6 +201,9 @@ def test_a_dry_run_times_a_part_from_the_whole_sweeps_rounds_and_counts_partly_r
     assert sorted((path, path.stat().st_mtime_ns) for path in tmp_path.rglob("*")) == before  # nothing written
     finished_only = runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path), "--dry-run", "--only", "seed=0"])
     assert finished_only.output.strip() == "fedavg: 1 jobs, 1 finished, 0 pending: nothing to run"
+    remake_only = runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path), "--dry-run", "--only", "seed=0",
+                                      "--remake-checkpoints"])
+    assert remake_only.output.startswith("fedavg: 1 jobs, 1 finished, 0 pending, 1 to remake: about ")
     refused = runner.invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path), "--dry-run", "--workers", "0"])
     assert refused.exit_code == 2 and "--workers must be at least 1, got 0" in refused.output
     (finished.run_dir / "rounds.jsonl").write_text("{not json\n")

@@ -111,41 +111,58 @@ class MnistCnn(nn.Module):
 
 
 class _ChannelsLastMaxPool(torch.autograd.Function):
-    """2-D max-pooling by torch's channels-last kernels, taking and giving contiguous
-    ``[B, C, H, W]`` tensors: :class:`MaxPool2d`'s forward and backward."""
+    """2-D max-pooling whose forward runs torch's channels-last kernel and whose backward is
+    torch's own (the default-layout kernel, with the forward's indices): :class:`MaxPool2d`'s.
+    Written with ``setup_context`` and a ``vmap`` rule (torch's default-layout kernel over the
+    batch of batches), so ``torch.func``'s ``grad``, ``vjp`` and ``vmap`` take it (forward-mode AD
+    and TorchScript do not; FedBed uses neither)."""
 
     @staticmethod
-    def forward(ctx, images: torch.Tensor, kernel_size: list[int], stride: list[int], padding: list[int],
-                dilation: list[int], ceil_mode: bool) -> torch.Tensor:
-        channels_last = images.contiguous(memory_format=torch.channels_last)
-        pooled, indices = torch.ops.aten.max_pool2d_with_indices(channels_last, kernel_size, stride, padding, dilation,
-                                                                 ceil_mode)
-        ctx.save_for_backward(channels_last, indices)
-        ctx.settings = (kernel_size, stride, padding, dilation, ceil_mode)
-        return pooled.contiguous()
+    def forward(images: torch.Tensor, kernel_size: list[int], stride: list[int], padding: list[int],
+                dilation: list[int], ceil_mode: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        pooled, indices = torch.ops.aten.max_pool2d_with_indices(images.contiguous(memory_format=torch.channels_last),
+                                                                 kernel_size, stride, padding, dilation, ceil_mode)
+        # copied into the default layout, with its strides even where a 1 x 1 plane would let
+        # .contiguous() keep the channels-last ones
+        return torch.empty_like(pooled, memory_format=torch.contiguous_format).copy_(pooled), indices
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        channels_last, indices = ctx.saved_tensors
-        grad_images = torch.ops.aten.max_pool2d_with_indices_backward(
-            grad.contiguous(memory_format=torch.channels_last), channels_last, *ctx.settings, indices)
-        return grad_images.contiguous(), None, None, None, None, None
+    def setup_context(ctx, inputs: tuple, output: tuple[torch.Tensor, torch.Tensor]) -> None:
+        images, *settings = inputs
+        ctx.save_for_backward(images, output[1])
+        ctx.settings = settings
+        ctx.mark_non_differentiable(output[1])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, _indices_grad: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        images, indices = ctx.saved_tensors
+        grad_images = torch.ops.aten.max_pool2d_with_indices_backward(grad, images, *ctx.settings, indices)
+        return grad_images, None, None, None, None, None
+
+    @staticmethod
+    def vmap(info, in_dims: tuple, images: torch.Tensor, *settings) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[int, int]]:
+        """Under ``torch.func.vmap``: the ``[V, B, C, H, W]`` batch folded into ``[V * B, C, H, W]``
+        and pooled by torch's default-layout kernel (channels-last is not available inside vmap)."""
+        images = images.movedim(in_dims[0], 0) if in_dims[0] is not None else images.expand(info.batch_size, *images.shape)
+        pooled, indices = torch.ops.aten.max_pool2d_with_indices(images.flatten(0, 1), *settings)
+        return (pooled.unflatten(0, images.shape[:2]), indices.unflatten(0, images.shape[:2])), (0, 0)
 
 
 class MaxPool2d(nn.MaxPool2d):
-    """:class:`torch.nn.MaxPool2d` with the same outputs and gradients, bit for bit, computed on
-    the CPU by torch's channels-last kernels. On small planes with many channels (hFedF's CNN at
-    16 x 16 and 8 x 8 with 64-176 channels) torch's CPU ``max_pool2d_with_indices``, the training
-    path, takes several times as long in the default layout as in channels-last, and the four
-    max-pools took about a fifth of that CNN's training time; on its 32 x 32 stem the conversions
-    cost more than they save, so that layer stays torch's (``benchmarks/max_pool_layout.py``
-    prints each layer's time and the training step's both ways). The input and output stay in the default
-    layout (the layer converts both ways), so the convolutions around it, and their bits, are
-    those of :class:`torch.nn.MaxPool2d`'s models. A maximum is exact, both kernels pick the first
-    maximum of a window in the same order, and the backward pass adds a window's gradient in the
-    same order (``tests/test_models.py`` checks values, indices and gradients on inputs full of
-    ties). Other inputs (``return_indices``, not 4-D, not on the CPU, channels-last already) take
-    :class:`torch.nn.MaxPool2d`'s path.
+    """:class:`torch.nn.MaxPool2d` with the same outputs and gradients, bit for bit, its forward
+    pass computed on the CPU by torch's channels-last kernel. On small planes with many channels
+    (hFedF's CNN at 16 x 16 and 8 x 8 with 64-176 channels) torch's CPU
+    ``max_pool2d_with_indices``, the training path, takes several times as long in the default
+    layout as in channels-last, and the four max-pools took about a fifth of that CNN's training
+    time; on its 32 x 32 stem the conversion costs more than it saves, so that layer stays torch's
+    (``benchmarks/max_pool_layout.py`` prints each layer's time and the training step's both
+    ways). The output is in the default layout, so the layers around it, and their bits, are those
+    of :class:`torch.nn.MaxPool2d`'s models. A maximum is exact, both kernels scan a window in
+    the same order and keep its first maximum (a NaN: its last), and the indices are positions in
+    the plane whatever the layout, so the backward pass, torch's own, gets the same indices
+    (``tests/test_models.py`` checks values, indices and gradients on inputs full of ties). Other
+    inputs (``return_indices``, not 4-D, not on the CPU, not floating-point, not contiguous in
+    the default layout) take :class:`torch.nn.MaxPool2d`'s path.
 
     Shapes: ``[B, C, H, W]`` -> ``[B, C, H', W']`` as :class:`torch.nn.MaxPool2d`.
     """
@@ -154,11 +171,13 @@ class MaxPool2d(nn.MaxPool2d):
         if (self.return_indices or images.dim() != 4 or not images.is_cpu or not images.is_floating_point()
                 or not images.is_contiguous()):
             return super().forward(images)
+
         def pair(value: int | tuple[int, ...]) -> list[int]:
             return [value, value] if isinstance(value, int) else list(value)
 
-        return _ChannelsLastMaxPool.apply(images, pair(self.kernel_size), pair(self.stride), pair(self.padding),
-                                          pair(self.dilation), self.ceil_mode)
+        pooled, _ = _ChannelsLastMaxPool.apply(images, pair(self.kernel_size), pair(self.stride), pair(self.padding),
+                                               pair(self.dilation), self.ceil_mode)
+        return pooled
 
 
 class LeNet(nn.Module):
