@@ -609,6 +609,24 @@ def logged_seconds(run_dir: Path) -> tuple[int, float]:
     return len(records), sum(float(record.get("seconds") or 0.0) for record in records)
 
 
+def sweep_part(spec: SweepSpec, sweep_dir: Path, data_root: Path | str | None,
+               only: dict[str, list[str]] | None) -> tuple[list[ExperimentConfig], list[ExperimentConfig]]:
+    """Every job of the sweep (:func:`expand`) and those of the part ``only`` names
+    (:func:`jobs_matching`; all without it).
+
+    Raises:
+        ConfigError: as :func:`expand` and :func:`jobs_matching`, and finished jobs of the part
+            made from other data than the sweep reads now (:func:`finished_on_other_data`).
+    """
+    every_job = expand(spec, sweep_dir, data_root)
+    jobs = jobs_matching(every_job, only or {})
+    other_data = finished_on_other_data(jobs)
+    if other_data:
+        raise ConfigError(f"{len(other_data)} finished job(s) in {sweep_dir} were made from other data than this sweep "
+                          f"reads (e.g. {other_data[0]}); give the data root they used, another --out, or delete them")
+    return every_job, jobs
+
+
 def plan_sweep(spec: SweepSpec, sweep_dir: Path, data_root: Path | str | None = None,
                only: dict[str, list[str]] | None = None, remake_checkpoints: bool = False) -> list[dict[str, Any]]:
     """What :func:`run_sweep` would do, per algorithm, without running or writing anything: the
@@ -626,17 +644,12 @@ def plan_sweep(spec: SweepSpec, sweep_dir: Path, data_root: Path | str | None = 
         ``remake_refused`` is the first refusal (:func:`remake_refusal`) and how many share it.
 
     Raises:
-        ConfigError: as :func:`expand`, :func:`jobs_matching` and :func:`finished_on_other_data`
-            (the refusals :func:`run_sweep` would make), and a finished job's unreadable log.
+        ConfigError: as :func:`sweep_part` (the refusals :func:`run_sweep` would make), and a
+            finished job's unreadable log.
     """
     import statistics
 
-    every_job = expand(spec, sweep_dir, data_root)
-    jobs = jobs_matching(every_job, only or {})
-    other_data = finished_on_other_data(jobs)
-    if other_data:
-        raise ConfigError(f"{len(other_data)} finished job(s) in {sweep_dir} were made from other data than this sweep "
-                          f"reads (e.g. {other_data[0]}); a run would refuse them")
+    every_job, jobs = sweep_part(spec, sweep_dir, data_root, only)
     rows = []
     for algorithm in dict.fromkeys(job.algorithm for job in jobs):
         per_round = [seconds / rounds for rounds, seconds in
@@ -702,12 +715,7 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, workers: int = 1, threads: int |
         differ from what this code gives.
     """
     check_parallelism(workers, threads)
-    every_job = expand(spec, sweep_dir, data_root)
-    jobs = jobs_matching(every_job, only or {})
-    other_data = finished_on_other_data(jobs)
-    if other_data:
-        raise ConfigError(f"{len(other_data)} finished job(s) in {sweep_dir} were made from other data than this sweep "
-                          f"reads (e.g. {other_data[0]}); give the data root they used, another --out, or delete them")
+    every_job, jobs = sweep_part(spec, sweep_dir, data_root, only)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     record = sweep_record(spec)
     if not (sweep_dir / SWEEP_RECORD).exists() or (sweep_dir / SWEEP_RECORD).read_text() != record:
