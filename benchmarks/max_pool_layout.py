@@ -3,11 +3,10 @@
 channels-last CPU kernels), and the time of each pooling layer alone.
 
 hFedF's CNN (``hfedf_cnn``, PACS at 32 px) has four max-pools: two 2x2 ones in the stem (at
-32 x 32, torch's layer, and at 16 x 16, FedBed's) and a 3x3 stride-1 one in each Inception block
-(8 x 8, FedBed's). On the CPU, torch's ``max_pool2d_with_indices`` (the training path) is several
-times slower on small planes in the default ``[B, C, H, W]`` layout than in channels-last. The
-script builds the model twice from one seed, swaps FedBed's pooling layers of one copy for
-``nn.MaxPool2d``, and times forward + backward + Adam steps on the same random batch,
+32 x 32 and 16 x 16) and a 3x3 stride-1 one in each Inception block (8 x 8). On the CPU, torch's
+``max_pool2d_with_indices`` (the training path) is up to several times slower in the default
+``[B, C, H, W]`` layout than in channels-last. The script builds the model twice from one seed,
+swaps the pooling layers of one copy for ``nn.MaxPool2d``, and times forward + backward + Adam steps on the same random batch,
 alternating the two, ``--repeats`` times; it prints the medians, then the ratio last. It also
 checks that both copies end with equal parameters, bit for bit (each repeat draws the same
 dropout masks for both).

@@ -150,13 +150,11 @@ class _ChannelsLastMaxPool(torch.autograd.Function):
 
 class MaxPool2d(nn.MaxPool2d):
     """:class:`torch.nn.MaxPool2d` with the same outputs and gradients, bit for bit, its forward
-    pass computed on the CPU by torch's channels-last kernel. On small planes with many channels
-    (hFedF's CNN at 16 x 16 and 8 x 8 with 64-176 channels) torch's CPU
-    ``max_pool2d_with_indices``, the training path, takes several times as long in the default
-    layout as in channels-last, and the four max-pools took about a fifth of that CNN's training
-    time; on its 32 x 32 stem the conversion costs more than it saves, so that layer stays torch's
-    (``benchmarks/max_pool_layout.py`` prints each layer's time and the training step's both
-    ways). The output is in the default layout, so the layers around it, and their bits, are those
+    pass computed on the CPU by torch's channels-last kernel. On hFedF's CNN's planes (32 x 32 to
+    8 x 8, 32-176 channels) torch's CPU ``max_pool2d_with_indices``, the training path, takes up
+    to several times as long in the default layout as in channels-last, and its four max-pools
+    took about a fifth of that CNN's training time (``benchmarks/max_pool_layout.py`` prints each
+    layer's time and the training step's both ways). The output is in the default layout, so the layers around it, and their bits, are those
     of :class:`torch.nn.MaxPool2d`'s models. A maximum is exact, both kernels scan a window in
     the same order and keep its first maximum (a NaN: its last), and the indices are positions in
     the plane whatever the layout, so the backward pass, torch's own, gets the same indices
@@ -283,7 +281,7 @@ class HfedfCnn(nn.Module):
         second = InceptionModule(first.out_channels)
         self.layers = nn.Sequential(
             nn.Conv2d(in_channels, 32, 3, padding=1),
-            nn.MaxPool2d(2),  # at 32 x 32 torch's own layer is faster (benchmarks/max_pool_layout.py)
+            MaxPool2d(2),
             nn.ReLU(),
             nn.Conv2d(32, 32, 1),
             nn.Conv2d(32, 64, 3, padding=1),
