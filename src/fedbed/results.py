@@ -223,7 +223,6 @@ def unfinished_runs(sweep_dirs: Path | Sequence[Path], targets: Sequence[str] = 
     running, interrupted or failed jobs, which reports and plots leave out; only those of
     ``targets`` and ``seeds`` when given (a report of some targets or seeds does not leave out
     the others' runs)."""
-    import yaml
 
     def shown(config_path: Path) -> bool:
         if not targets and not seeds:
