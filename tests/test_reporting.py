@@ -163,6 +163,43 @@ def test_a_report_of_some_seeds_reads_only_their_runs_for_tables_tests_and_the_c
     assert refused.exit_code == 2 and "seed 5 is not among" in refused.output and "Traceback" not in refused.output
 
 
+def test_a_kept_candidate_stands_beside_the_choice_so_a_tuned_method_is_tested_against_it(tmp_path):
+    """``keep_labels`` (``--keep-label``) keeps a candidate, e.g. a random search's defaults, as a
+    row of its own under ``select_hparams``: lambda 0.1 is chosen on target a (id 80 vs 75), lambda
+    1.0 on b (70 vs 60), so against lambda 1.0 the choice differs by -40 on a's two seeds and by 0
+    on b's (the same runs): mean -20, sd sqrt(1600/3), t = -20 / (sd / 2) = -sqrt(3). A run that is
+    both chosen and kept counts once in the data note (6 ppdg runs, not 8, and 2 fedavg)."""
+    from typer.testing import CliRunner
+
+    from fedbed.cli import app
+    from fedbed.reporting import build_report
+
+    runs = [("ppdg", {"lam": 0.1}, "a", 0, 78, 10), ("ppdg", {"lam": 0.1}, "a", 1, 82, 12),
+            ("ppdg", {"lam": 1.0}, "a", 0, 75, 50), ("ppdg", {"lam": 1.0}, "a", 1, 75, 52),
+            ("ppdg", {"lam": 0.1}, "b", 0, 60, 30), ("ppdg", {"lam": 0.1}, "b", 1, 60, 31),
+            ("ppdg", {"lam": 1.0}, "b", 0, 70, 20), ("ppdg", {"lam": 1.0}, "b", 1, 70, 22),
+            ("fedavg", {}, "a", 0, 70, 40), ("fedavg", {}, "b", 0, 70, 40)]
+    write_sweep(tmp_path / "sweep", runs, {"ppdg": {"lam": [0.1, 1.0]}})
+    report = build_report(tmp_path / "sweep", "last", select_hparams=True, keep_labels=["ppdg(lam=1.0)"],
+                          comparisons=["ppdg vs ppdg(lam=1.0)"])
+    assert report.tables["ood"][1:] == [["fedavg", "40.0", "40.0", "40.0"], ["ppdg", "11.0 ± 1.4", "21.0 ± 1.4", "16.0"],
+                                        ["ppdg(lam=1.0)", "51.0 ± 1.4", "21.0 ± 1.4", "36.0"]]
+    test = report.tables["t_test"][1]
+    assert test[:5] == ["ppdg", "ppdg(lam=1.0)", "4", "-20.00", f"{-math.sqrt(3):.2f}"]
+    assert [row[2] for row in report.tables["selected_hyperparameters"][1:]] == [
+        "fedavg", "fedavg", "ppdg(lam=0.1)", "ppdg(lam=1.0)"]  # the choices are unchanged by the kept row
+    assert report.notes[0] == "data: unrecorded (fingerprint unrecorded): 8 runs"
+    with pytest.raises(ValueError, match="give --select-hparams too"):
+        build_report(tmp_path / "sweep", "last", keep_labels=["ppdg(lam=1.0)"])
+    with pytest.raises(ValueError, match=re.escape("--keep-label 'ppdg(lam=2.0)' is not among the runs' labels")):
+        build_report(tmp_path / "sweep", "last", select_hparams=True, keep_labels=["ppdg(lam=2.0)"])
+    printed = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--selection", "last", "--select-hparams",
+                                       "--keep-label", "ppdg(lam=1.0)", "--compare", "ppdg vs ppdg(lam=1.0)"])
+    assert printed.exit_code == 0 and "| ppdg | ppdg(lam=1.0) | 4 | -20.00 | -1.73 |" in printed.output, printed.output
+    refused = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--keep-label", "ppdg(lam=1.0)"])
+    assert refused.exit_code == 2 and "give --select-hparams too" in refused.output and "Traceback" not in refused.output
+
+
 def test_select_hparams_leaves_out_runs_without_an_id_score_and_says_when_none_has_one(tmp_path):
     """A run whose id score is null (no evaluated round scored the source holdouts) does not
     speak for its label: lambda 1.0's scored seed (75) loses to lambda 0.1's (78) although its

@@ -532,6 +532,10 @@ def report(
     select_hparams: Annotated[bool, typer.Option(
         help="Per method and target, keep the hyperparameters (grid values or random-search trial) with the best "
              "mean id (source) validation over seeds, as DomainBed; a table names the chosen values.")] = False,
+    keep_label: Annotated[Optional[list[str]], typer.Option(
+        help="With --select-hparams: also keep this candidate label as a row of its own (repeatable), e.g. "
+             "'fedavg(trial=0)', a random search's defaults, so that --compare 'fedavg vs fedavg(trial=0)' tests the "
+             "tuned method against its defaults.")] = None,
     allow_mixed_data: Annotated[bool, typer.Option(help="Report runs that read different data together.")] = False,
     select_per_seed: Annotated[bool, typer.Option(
         help="With --select-hparams: choose for each seed on its own (DomainBed groups by trial seed).")] = False,
@@ -545,7 +549,7 @@ def report(
     try:
         built = report_from_options(sweep_dirs, selection, spread, baseline, compare, target, label, per_seed,
                                     select_hparams, allow_mixed_data, select_per_seed=select_per_seed, by_round=by_round,
-                                    seed=seed)
+                                    seed=seed, keep_label=keep_label)
         text = render_report(built, format)
     except ValueError as error:
         fail(str(error))
@@ -563,7 +567,8 @@ def report(
 
 
 def report_from_options(sweep_dirs, selection, spread, baseline, compare, target, label, per_seed, select_hparams,
-                        allow_mixed_data, select_per_seed=False, by_round=None, seed=None, **_unused) -> Any:
+                        allow_mixed_data, select_per_seed=False, by_round=None, seed=None, keep_label=None,
+                        **_unused) -> Any:
     """The :class:`fedbed.reporting.Report` of ``fedbed report``'s options (by their parameter
     names; options that only say where to write are ignored).
 
@@ -574,7 +579,7 @@ def report_from_options(sweep_dirs, selection, spread, baseline, compare, target
 
     return build_report(sweep_dirs, selection or ["train_domain_val"], spread, baseline or (), compare or (),
                         select_hparams, target or (), label or (), per_seed, allow_mixed_data, select_per_seed,
-                        by_round or (), seed or ())
+                        by_round or (), seed or (), keep_label or ())
 
 
 def report_block_text(arguments: list[str]) -> str:

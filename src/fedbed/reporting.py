@@ -513,6 +513,7 @@ def build_report(
     select_per_seed: bool = False,
     by_round: Sequence[str] = (),
     seeds: Sequence[int] = (),
+    keep_labels: Sequence[str] = (),
 ) -> Report:
     """The report of one sweep folder or of several read together: rows are labels (method,
     variant and varied hyperparameters, :func:`fedbed.results.labelled_runs`), columns target
@@ -541,13 +542,18 @@ def build_report(
         seeds: read only the runs of these seeds (default: all), e.g. the seeds a sweep run in
             parts has finished on every target; the t-tests, ``select_hparams`` and every table
             then see those runs only.
+        keep_labels: with ``select_hparams``, candidate labels (e.g. ``fedavg(trial=0)``, a
+            random search's defaults) kept as rows of their own beside the choices, so that a
+            comparison can t-test a tuned method against its defaults (a cell where the defaults
+            were chosen pairs a run with itself).
 
     Raises:
         ValueError: an unknown rule or spread, no finished run, two different runs under one
             (label, target, seed), a run ``last_five_mean`` cannot score, a target, label,
             baseline, compared label or seed not among the runs', ``select_hparams`` with ``oracle``,
-            ``select_per_seed`` without ``select_hparams``, runs that read different data
-            without ``allow_mixed_data``, or a ``by_round`` quantity no run logged.
+            ``select_per_seed`` or ``keep_labels`` without ``select_hparams``, a kept label not
+            among the runs' labels, runs that read different data without ``allow_mixed_data``,
+            or a ``by_round`` quantity no run logged.
     """
     from fedbed.federation.evaluation import REPORT_SELECTIONS
 
@@ -579,8 +585,17 @@ def build_report(
     folder_of = {(run.summary["label"], run.summary["target"], run.summary["seed"]): run.path for run in runs}
     if select_per_seed and not select_hparams:
         raise ValueError("--select-per-seed says how --select-hparams chooses; give --select-hparams too")
+    if keep_labels and not select_hparams:
+        raise ValueError("--keep-label keeps a candidate beside --select-hparams's choices; give --select-hparams "
+                         "too (without it every label is a row already)")
+    candidate_labels = sorted({s["label"] for s in summaries})
+    for label in keep_labels:
+        if label not in candidate_labels:
+            raise ValueError(f"--keep-label {label!r} is not among the runs' labels: {', '.join(candidate_labels)}")
     if select_hparams:
+        kept = [s for s in summaries if s["label"] in keep_labels]
         summaries, choices = select_hyperparameters(summaries, selections[0], select_per_seed)
+        summaries += kept
     # A group whose runs have no id score in any target keeps no run, but keeps its row (of "–")
     # and its choice rows, which say why.
     shown = sorted({s["label"] for s in summaries} | {row[0] for row in (choices or [[]])[1:]})
@@ -610,17 +625,20 @@ def build_report(
             tables[f"by_round:{quantity}:{target}"] = by_round_table(
                 labels, [(label, path) for label, run_target, path in shown_runs if run_target == target], quantity,
                 target, spread)
-    sources, mixed = data_sources(summaries)
+    # each run once, though a kept label's run may also be its group's choice
+    distinct = list({(s.get("chosen_label", s["label"]), s["target"], s["seed"]): s for s in summaries}.values())
+    sources, mixed = data_sources(distinct)
     if mixed and not allow_mixed_data:
         raise ValueError(f"the runs in {', '.join(str(folder) for folder in folders)} read different data "
                          f"({'; '.join(sources)}); report them separately, or pass --allow-mixed-data")
-    warnings = [warning for warning in [code_mix_warning(summaries)] if warning is not None]
+    warnings = [warning for warning in [code_mix_warning(distinct)] if warning is not None]
     unfinished = unfinished_runs(folders, asked_targets, seeds)
     if unfinished:
         warnings.append(f"note: {len(unfinished)} unfinished run(s) left out (no {SUMMARY_NAME} yet), e.g. {unfinished[0]}")
-    runs = [run for run in runs if run.summary["group" if select_hparams else "label"] in labels]
+    runs = [run for run in runs
+            if run.summary["label"] in labels or select_hparams and run.summary["group"] in labels]
     return Report(selections, tables, summaries, runs,
-                  [f"data: {line}" for line in sources] + evaluation_notes(summaries) + collapse_notes(summaries)
+                  [f"data: {line}" for line in sources] + evaluation_notes(distinct) + collapse_notes(summaries)
                   + missing_score_notes(summaries, selections), warnings, unfinished)
 
 
