@@ -56,7 +56,8 @@ def test_draws_are_reproducible_and_independent_of_the_other_methods_in_the_swee
 def test_trial_zero_runs_the_method_defaults_and_every_trial_is_recorded(tmp_path):
     for algorithm in ["fedavg", "fedprox", "ppdg", "fedsr"]:
         first = jobs_of(search_spec([algorithm], trials=2), algorithm, tmp_path)[0]
-        assert first.hp == {} and first.hparams_trial.model_dump() == {"search": "random", "seed": 0, "trial": 0}
+        assert first.hp == {} and first.hparams_trial.model_dump(exclude_none=True) == {
+            "search": "random", "seed": 0, "trial": 0}
         method = get_algorithm(algorithm)
         assert validate(first).hparams == resolve_hyperparameters(method, {}, "RotatedMNIST")
     # PPDG's paper value on RotatedMNIST is its default there, so trial 0 runs it.
@@ -133,6 +134,8 @@ def test_a_method_without_declared_distributions_is_refused_by_name(tmp_path):
     ({"search": "random"}, {}, "search: random needs trials"),
     ({"search": "random", "trials": 0}, {}, "trials: Input should be greater than or equal to 1"),
     ({"search": "grid", "trials": 4}, {}, "trials and seed apply to search: random"),
+    ({"search": "grid", "draws": "common"}, {}, "draws applies to search: random"),
+    ({"search": "random", "trials": 4, "draws": "shared"}, {}, "hparams.draws"),
     ({"search": "bayes", "trials": 4}, {}, "hparams.search"),
     ({"search": "random", "trials": 4}, {"fedprox": {"mu": [0.1, 1.0]}}, "a random search draws the hyperparameters"),
 ])
@@ -142,6 +145,39 @@ def test_bad_search_settings_are_one_line(tmp_path, hparams, hp, message):
     with pytest.raises(ConfigError, match="sweep file") as error:
         load_sweep_file(spec_file)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_common_draws_give_every_method_the_same_shared_values_and_new_jobs_but_trial_zero(tmp_path):
+    """``draws: common``: in each trial the four methods draw the learning rate and weight decay
+    they share (the same distributions) from the same random numbers, so the values are equal; a
+    method's own hyperparameter is drawn as by ``draw_trial(..., draws="common")``. Trial 0 draws
+    nothing and stays the same job; the drawn trials are new jobs, labelled ``draws=common``."""
+    from fedbed.results import run_label, search_trial
+
+    methods = ["fedavg", "fedprox", "ppdg", "fedsr"]
+    common = search_spec(methods, hparams={"search": "random", "trials": 4, "seed": 0, "draws": "common"})
+    per_method = search_spec(methods)
+    jobs = {method: jobs_of(common, method, tmp_path) for method in methods}
+    for trial in range(1, 4):
+        shared = {(jobs[m][trial].hp["client_lr"], jobs[m][trial].hp["client_weight_decay"]) for m in methods}
+        assert len(shared) == 1  # one (learning rate, weight decay) per trial for every method
+    assert len({jobs["fedavg"][trial].hp["client_lr"] for trial in range(1, 4)}) == 3  # each trial its own draw
+    separate = {method: jobs_of(per_method, method, tmp_path) for method in methods}
+    assert len({separate[m][1].hp["client_lr"] for m in methods}) == 4  # DomainBed's: each method its own
+    space = get_algorithm("fedprox").search_space()
+    assert jobs["fedprox"][2].hp["mu"] == draw_trial({"mu": space["mu"]}, 0, "ppdg", 2, draws="common")["mu"]
+    assert jobs["fedprox"][2].hp["mu"] != separate["fedprox"][2].hp["mu"]
+    for method in methods:
+        assert jobs[method][0].run_dir.name == separate[method][0].run_dir.name  # the defaults: one job
+        assert not {job.run_dir.name for job in jobs[method][1:]} & {job.run_dir.name for job in separate[method]}
+    assert jobs["fedavg"][1].hparams_trial.draws == "common" and jobs["fedavg"][0].hparams_trial.draws is None
+    assert yaml.safe_load(sweep_record(common))["hparams"]["draws"] == "common"
+    assert "draws" not in yaml.safe_load(sweep_record(per_method))["hparams"]
+    record = {"hparams_trial": jobs["fedavg"][1].hparams_trial.model_dump(mode="json", exclude_none=True)}
+    assert run_label("fedavg", {}, [], trial=search_trial(record)) == "fedavg(trial=1, draws=common)"
+    assert run_label("fedavg", {}, [], trial=search_trial({"hparams_trial": {"seed": 0, "trial": 1}})) == "fedavg(trial=1)"
+    with pytest.raises(ValueError, match="draws must be one of per_method, common"):
+        draw_trial(space, 0, "fedprox", 1, draws="shared")
 
 
 def test_a_value_the_sweep_sets_is_held_and_not_drawn(tmp_path):
@@ -185,6 +221,9 @@ def test_a_tiny_search_runs_and_the_report_prints_the_chosen_values(tmp_path):
     assert sorted((s["algorithm"], s["hparams_trial"]["trial"]) for s in summaries) == [("fedprox", 0), ("fedprox", 1)]
     configs = [yaml.safe_load(path.read_text()) for path in out.glob("*/config.yaml")]
     assert all(config["hparams_trial"]["seed"] == 0 for config in configs)
+    # recorded as before common draws existed, so a search's unfinished runs resume under this code
+    assert all(set(config["hparams_trial"]) == {"search", "seed", "trial"} for config in configs)
+    assert all(set(s["hparams_trial"]) == {"search", "seed", "trial"} for s in summaries)
     stored = runner.invoke(app, ["results", str(out)])  # results.sqlite labels the trials as the reports do
     assert stored.exit_code == 0 and "fedprox(trial=0)" in stored.output and "fedprox(trial=1)" in stored.output
     plain = runner.invoke(app, ["report", str(out), "--selection", "last"])

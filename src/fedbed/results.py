@@ -142,22 +142,26 @@ def variant_of(config: dict[str, Any], variants: dict[str, dict[str, Any]]) -> s
 
 
 def run_label(algorithm: str, hp: dict[str, Any], varied: list[str], variant: str | None = None,
-              init_from: dict[str, Any] | None = None, trial: int | None = None) -> str:
+              init_from: dict[str, Any] | None = None, trial: str | None = None) -> str:
     """``algorithm``, with ``[variant]`` for a sweep's named variant, ``{from METHOD@ROUND}`` for a
     warm start (the summary's ``init_from``) and ``(trial=T, key=value, ...)`` for a random
-    search's trial (:func:`search_trial`) and the hyperparameters its grid varies."""
+    search's trial (``trial``: :func:`search_trial`) and the hyperparameters its grid varies."""
     label = algorithm if variant is None else f"{algorithm}[{variant}]"
     if init_from is not None:
         label += f"{{from {init_from.get('algorithm')}@{init_from.get('round')}}}"
-    parts = ([] if trial is None else [f"trial={trial}"]) + [f"{k}={hp.get(k)}" for k in varied]
+    parts = ([] if trial is None else [trial]) + [f"{k}={hp.get(k)}" for k in varied]
     return f"{label}(" + ", ".join(parts) + ")" if parts else label
 
 
-def search_trial(record: dict[str, Any]) -> int | None:
-    """The random-search trial a run is (its ``hparams_trial``, recorded in ``config.yaml`` and
-    ``summary.json``: :class:`fedbed.algorithms.base.search_space.HyperparameterTrial`), or
+def search_trial(record: dict[str, Any]) -> str | None:
+    """The random-search trial a run is, as its label shows it: ``trial=T``, and ``trial=T,
+    draws=common`` for a trial of common draws (its ``hparams_trial``, recorded in ``config.yaml``
+    and ``summary.json``: :class:`fedbed.algorithms.base.search_space.HyperparameterTrial`), or
     ``None`` for a run outside a search."""
-    return (record.get("hparams_trial") or {}).get("trial")
+    trial = record.get("hparams_trial") or {}
+    if "trial" not in trial:
+        return None
+    return f"trial={trial['trial']}" + (f", draws={trial['draws']}" if trial.get("draws") else "")
 
 
 def as_folders(sweep_dirs: Path | str | Sequence[Path | str]) -> list[Path]:

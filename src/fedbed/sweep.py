@@ -30,7 +30,8 @@ method the same budget of trials::
 Trial 0 runs each method's defaults; trials 1..N-1 draw each hyperparameter from the distribution
 the method declares beside its defaults (:mod:`fedbed.algorithms.base.search_space`), the same
 draws for every target, seed and variant, and independent of the other methods listed
-(:func:`hyperparameter_points`). A hyperparameter that ``base`` or a variant sets is held at that
+(:func:`hyperparameter_points`); ``draws: common`` draws each trial's shared hyperparameters
+(learning rate, weight decay) from the same random numbers for every method. A hyperparameter that ``base`` or a variant sets is held at that
 value and not drawn. The drawn values are in each job's ``hp`` and the trial in its
 ``hparams_trial`` setting, so both are part of its identity; a sweep without ``hparams`` (or with
 ``search: grid``) keeps its jobs. ``fedbed report --select-hparams`` then keeps each method's
@@ -71,7 +72,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tqdm import tqdm
 
 from fedbed.algorithms import AlgorithmError, get_algorithm
-from fedbed.algorithms.base.search_space import SEARCHES, HyperparameterTrial, draw_trial
+from fedbed.algorithms.base.search_space import DRAWS, SEARCHES, HyperparameterTrial, draw_trial
 from fedbed.data import dataset_spec, resolve_data_root, with_found_domains
 from fedbed.config import (PLACEMENT_SETTINGS, ConfigError, ExperimentConfig, config_from_mapping,
                            hugging_face_columns, name_from_number, override_settings, validate)
@@ -95,6 +96,11 @@ class HyperparameterSearch(BaseModel):
         trials: N, the trials of every method under ``random`` (trial 0: the defaults; DomainBed's
             paper runs 20).
         seed: S, the seed of the draws under ``random`` (default 0); part of each job's identity.
+        draws: ``per_method`` (DomainBed's: each method its own random numbers) or ``common``
+            (every method the same random number per hyperparameter name and trial, so shared
+            hyperparameters such as the learning rate take the same values across methods;
+            :func:`fedbed.algorithms.base.search_space.draw_trial`); ``common`` is part of the
+            identity of the jobs it draws.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -102,6 +108,7 @@ class HyperparameterSearch(BaseModel):
     search: Literal[SEARCHES] = "grid"
     trials: int | None = Field(None, ge=1)
     seed: int | None = Field(None, ge=0)
+    draws: Literal[DRAWS] = "per_method"
 
     @model_validator(mode="after")
     def _trials_for_random_search(self) -> "HyperparameterSearch":
@@ -109,6 +116,8 @@ class HyperparameterSearch(BaseModel):
             raise ValueError("search: random needs trials: N, the same number for every method (DomainBed's paper: 20)")
         if self.search == "grid" and (self.trials is not None or self.seed is not None):
             raise ValueError("trials and seed apply to search: random; a grid's values are listed under hp")
+        if self.search == "grid" and self.draws != "per_method":
+            raise ValueError("draws applies to search: random; a grid's values are listed under hp")
         if self.search == "random" and self.seed is None:
             self.seed = 0
         return self
@@ -222,6 +231,8 @@ def sweep_record(spec: SweepSpec) -> str:
     values["base"] = {key: value for key, value in values["base"].items() if key != "data_root"}
     if values["hparams"] is None:  # the records of sweeps without a search stay as they were
         del values["hparams"]
+    elif values["hparams"]["draws"] == "per_method":  # and those of searches without common draws
+        del values["hparams"]["draws"]
     return yaml.safe_dump(values, sort_keys=False)
 
 
@@ -232,7 +243,8 @@ def hyperparameter_points(spec: SweepSpec, algorithm: str,
     point without values when it lists none), with no trial; or under ``hparams.search: random``
     the ``trials`` trials of :func:`fedbed.algorithms.base.search_space.draw_trial` (trial 0 the
     defaults), seeded from (S, the method's name, the trial), so no other method of the sweep
-    changes them. ``fixed`` names the hyperparameters the sweep sets, which are not drawn.
+    changes them (with ``hparams.draws: common``, from (S, the trial): the same random numbers for
+    every method). ``fixed`` names the hyperparameters the sweep sets, which are not drawn.
 
     Raises:
         ConfigError: a random search of a method that declares no search distributions (naming it).
@@ -247,7 +259,9 @@ def hyperparameter_points(spec: SweepSpec, algorithm: str,
         space = method.search_space()
     except AlgorithmError as error:
         raise ConfigError(str(error)) from None
-    return [(draw_trial(space, search.seed, method.name, trial, fixed), HyperparameterTrial(seed=search.seed, trial=trial))
+    common = search.draws == "common"
+    return [(draw_trial(space, search.seed, method.name, trial, fixed, search.draws),
+             HyperparameterTrial(seed=search.seed, trial=trial, draws="common" if common and trial else None))
             for trial in range(search.trials)]
 
 
@@ -287,7 +301,7 @@ def expand(spec: SweepSpec, sweep_dir: Path, data_root: Path | str | None = None
             hp = {**fixed, **values}
             settings = override_settings(spec.base, variant)
             if trial is not None:
-                settings["hparams_trial"] = trial.model_dump(mode="json")
+                settings["hparams_trial"] = trial.model_dump(mode="json", exclude_none=True)
             if isinstance(settings.get("init_from"), dict):
                 settings["init_from"] = str(init_run_of(settings["init_from"], target, seed, spec.base.get("data_root"), expanded))
             config = config_from_mapping({**settings, "algorithm": algorithm, "target": target, "seed": seed, "hp": hp})

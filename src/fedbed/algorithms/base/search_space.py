@@ -22,7 +22,12 @@ the other methods' are tuned, which is not an equal budget.
 
 Each draw comes from its own generator seeded from (search seed, method name, trial, name of
 the hyperparameter) (:func:`draw_trial`), so a method's draws do not depend on which other
-methods a sweep lists, nor on which other hyperparameters it declares.
+methods a sweep lists, nor on which other hyperparameters it declares. With common draws
+(``hparams: {..., draws: common}``) the method's name is left out of the seed: in each trial every
+method draws a hyperparameter they share (the client learning rate, the weight decay) from the
+same random number, so where their distributions are the same they get the same value, and a
+comparison of tuned methods does not depend on which method drew the luckier rates (common
+random numbers; DomainBed draws per method).
 """
 
 from __future__ import annotations
@@ -155,6 +160,10 @@ SearchSpaceDeclaration = Mapping[str, Distribution | None]
 """What a hyperparameter class declares in ``search_space``: a distribution per name, or
 ``None`` to leave a name its base declares out of the search."""
 
+DRAWS = ("per_method", "common")
+"""Whose random numbers a random search's trial draws from: each method its own (``per_method``,
+DomainBed's), or one per hyperparameter name for every method (``common``, :func:`draw_trial`)."""
+
 SEARCHES = ("grid", "random")
 """How a sweep chooses hyperparameter values: ``grid`` (the values its ``hp`` lists) or
 ``random`` (trials drawn from the methods' declared distributions)."""
@@ -203,32 +212,41 @@ class HyperparameterTrial(BaseModel):
         search: ``random``.
         seed: the search seed S of the draws (:func:`draw_trial`).
         trial: the trial index; 0 runs the method's defaults.
+        draws: ``common`` for a trial drawn with common draws (:func:`draw_trial`); unset for
+            DomainBed's per-method draws and for trial 0, which draws nothing (so the jobs of a
+            search without common draws keep their identity, and trial 0 is the same job either way).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     search: Literal["random"] = "random"
     seed: int = Field(ge=0)
     trial: int = Field(ge=0)
+    draws: Literal["common"] | None = None
 
 
 def draw_trial(space: SearchSpace, search_seed: int, method: str, trial: int,
-               fixed: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
+               fixed: frozenset[str] | set[str] = frozenset(), draws: str = "per_method") -> dict[str, Any]:
     """The hyperparameter values of one random-search trial of ``method``: none for trial 0 (the
     method's defaults, DomainBed's ``hparams_seed`` 0), else one draw from each distribution of
     ``space`` but those named in ``fixed`` (held at the value a sweep sets), each from a
     ``random.Random`` seeded from (``search_seed``, ``method``, ``trial``, the name)
-    (DomainBed seeds each name's draw likewise, ``misc.seed_hash(random_seed, name)``).
+    (DomainBed seeds each name's draw likewise, ``misc.seed_hash(random_seed, name)``); with
+    ``draws="common"``, from (``search_seed``, ``trial``, the name): the same random number for
+    every method that declares the name, hence the same value where the distributions are equal.
 
     Returns:
         ``{name: value}``, sorted by name; floats rounded to :data:`SIGNIFICANT_DIGITS`
         significant digits inside the distribution's range.
 
     Raises:
-        ValueError: a negative ``search_seed`` or ``trial``.
+        ValueError: a negative ``search_seed`` or ``trial``, or ``draws`` not in :data:`DRAWS`.
     """
     if search_seed < 0 or trial < 0:
         raise ValueError(f"the search seed and the trial index are non-negative, got {search_seed} and {trial}")
+    if draws not in DRAWS:
+        raise ValueError(f"draws must be one of {', '.join(DRAWS)}, got {draws!r}")
     if trial == 0:
         return {}
-    return {name: space[name].sample(random.Random(derive_seed(search_seed, name_seed(method), trial, name_seed(name))))
+    owner = () if draws == "common" else (name_seed(method),)
+    return {name: space[name].sample(random.Random(derive_seed(search_seed, *owner, trial, name_seed(name))))
             for name in sorted(space) if name not in fixed}
