@@ -10,7 +10,8 @@ import yaml
 from typer.testing import CliRunner
 
 from fedbed.algorithms import ALGORITHMS, AlgorithmError, get_algorithm, resolve_hyperparameters
-from fedbed.algorithms.base.search_space import Choice, LogUniform, Uniform, declared_search_space, draw_trial
+from fedbed.algorithms.base.search_space import (Choice, HyperparameterTrial, LogUniform, Uniform, declared_search_space,
+                                                 draw_trial)
 from fedbed.cli import app
 from fedbed.config import ConfigError, validate
 from fedbed.run_directory import DONE_MARKER
@@ -56,8 +57,7 @@ def test_draws_are_reproducible_and_independent_of_the_other_methods_in_the_swee
 def test_trial_zero_runs_the_method_defaults_and_every_trial_is_recorded(tmp_path):
     for algorithm in ["fedavg", "fedprox", "ppdg", "fedsr"]:
         first = jobs_of(search_spec([algorithm], trials=2), algorithm, tmp_path)[0]
-        assert first.hp == {} and first.hparams_trial.model_dump(exclude_none=True) == {
-            "search": "random", "seed": 0, "trial": 0}
+        assert first.hp == {} and first.hparams_trial.model_dump() == {"search": "random", "seed": 0, "trial": 0}
         method = get_algorithm(algorithm)
         assert validate(first).hparams == resolve_hyperparameters(method, {}, "RotatedMNIST")
     # PPDG's paper value on RotatedMNIST is its default there, so trial 0 runs it.
@@ -173,11 +173,13 @@ def test_common_draws_give_every_method_the_same_shared_values_and_new_jobs_but_
     assert jobs["fedavg"][1].hparams_trial.draws == "common" and jobs["fedavg"][0].hparams_trial.draws is None
     assert yaml.safe_load(sweep_record(common))["hparams"]["draws"] == "common"
     assert "draws" not in yaml.safe_load(sweep_record(per_method))["hparams"]
-    record = {"hparams_trial": jobs["fedavg"][1].hparams_trial.model_dump(mode="json", exclude_none=True)}
+    record = {"hparams_trial": jobs["fedavg"][1].hparams_trial.model_dump(mode="json")}
     assert run_label("fedavg", {}, [], trial=search_trial(record)) == "fedavg(trial=1, draws=common)"
     assert run_label("fedavg", {}, [], trial=search_trial({"hparams_trial": {"seed": 0, "trial": 1}})) == "fedavg(trial=1)"
     with pytest.raises(ValueError, match="draws must be one of per_method, common"):
         draw_trial(space, 0, "fedprox", 1, draws="shared")
+    with pytest.raises(ValueError, match="trial 0 runs the defaults and draws nothing"):
+        HyperparameterTrial(seed=0, trial=0, draws="common")
 
 
 def test_a_value_the_sweep_sets_is_held_and_not_drawn(tmp_path):

@@ -172,7 +172,7 @@ def test_a_kept_candidate_stands_beside_the_choice_so_a_tuned_method_is_tested_a
     from typer.testing import CliRunner
 
     from fedbed.cli import app
-    from fedbed.reporting import build_report
+    from fedbed.reporting import build_report, sweep_settings
 
     runs = [("ppdg", {"lam": 0.1}, "a", 0, 78, 10), ("ppdg", {"lam": 0.1}, "a", 1, 82, 12),
             ("ppdg", {"lam": 1.0}, "a", 0, 75, 50), ("ppdg", {"lam": 1.0}, "a", 1, 75, 52),
@@ -189,6 +189,14 @@ def test_a_kept_candidate_stands_beside_the_choice_so_a_tuned_method_is_tested_a
     assert [row[2] for row in report.tables["selected_hyperparameters"][1:]] == [
         "fedavg", "fedavg", "ppdg(lam=0.1)", "ppdg(lam=1.0)"]  # the choices are unchanged by the kept row
     assert report.notes[0] == "data: unrecorded (fingerprint unrecorded): 8 runs"
+    settings = dict(sweep_settings(report.summaries, [run.config for run in report.runs], "last"))
+    assert settings["data"] == "unrecorded (fingerprint unrecorded): 8 runs"  # the HTML page's count
+    alone = build_report(tmp_path / "sweep", "last", select_hparams=True, keep_labels=["ppdg(lam=1.0)"],
+                         labels=["ppdg(lam=1.0)"])  # its runs are the plots' runs
+    assert sorted((run.summary["target"], run.summary["seed"]) for run in alone.runs) == [
+        ("a", 0), ("a", 1), ("b", 0), ("b", 1)] and all(run.summary["hp"] == {"lam": 1.0} for run in alone.runs)
+    with pytest.raises(ValueError, match="'fedavg' is a method with a single candidate, already a row"):
+        build_report(tmp_path / "sweep", "last", select_hparams=True, keep_labels=["fedavg"])
     with pytest.raises(ValueError, match="give --select-hparams too"):
         build_report(tmp_path / "sweep", "last", keep_labels=["ppdg(lam=1.0)"])
     with pytest.raises(ValueError, match=re.escape("--keep-label 'ppdg(lam=2.0)' is not among the runs' labels")):

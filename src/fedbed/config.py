@@ -234,9 +234,10 @@ class ExperimentConfig(BaseModel):
             else MLflow's default (``sqlite:///mlflow.db`` in the working directory).
         hparams_trial: which trial of a sweep's random hyperparameter search the run is
             (:class:`fedbed.algorithms.base.search_space.HyperparameterTrial`: ``search``, ``seed``,
-            ``trial``), set by the sweep with the trial's values in ``hp``; a record of where they
-            came from, part of the run's identity, in its summary and its reports' labels
-            (``fedprox(trial=3)``). Unset: not a search trial.
+            ``trial``, and ``draws: common`` for a trial of common draws), set by the sweep with the
+            trial's values in ``hp``; a record of where they came from, part of the run's identity,
+            in its summary and its reports' labels (``fedprox(trial=3)``, ``fedprox(trial=3,
+            draws=common)``). Unset: not a search trial.
         hp: algorithm hyperparameters by name (validated by the algorithm).
         run_dir: output folder (default ``runs/<dataset>/<algorithm>/<target>/seed<seed>``).
 

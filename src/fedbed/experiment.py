@@ -82,13 +82,8 @@ LISTED_CLIENTS = 12
 
 def recorded_settings(config: ExperimentConfig, model_name: str, hparams: Any) -> dict[str, Any]:
     """The settings ``config.yaml`` records: ``config`` with the model built and every
-    hyperparameter (defaults, the paper's values for the dataset, the user's) filled in; a
-    search trial without common draws is recorded as before they existed (no ``draws``), so
-    its runs resume under this code."""
-    settings = {**config.model_dump(mode="json"), "model": model_name, "hp": hparams.model_dump(mode="json")}
-    if config.hparams_trial is not None:
-        settings["hparams_trial"] = config.hparams_trial.model_dump(mode="json", exclude_none=True)
-    return settings
+    hyperparameter (defaults, the paper's values for the dataset, the user's) filled in."""
+    return {**config.model_dump(mode="json"), "model": model_name, "hp": hparams.model_dump(mode="json")}
 
 
 def settings_differences(run_dir: Path, resolved: dict[str, Any], allowed: frozenset[str]) -> list[str]:
@@ -342,8 +337,7 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
         "data_fingerprint": dataset.fingerprint,
         "algorithm": built.algorithm.name,
         "hp": built.hparams.model_dump(mode="json"),
-        **({} if config.hparams_trial is None
-           else {"hparams_trial": config.hparams_trial.model_dump(mode="json", exclude_none=True)}),
+        **({} if config.hparams_trial is None else {"hparams_trial": config.hparams_trial.model_dump(mode="json")}),
         "target": config.target,
         "seed": config.seed,
         "rounds": config.rounds,

@@ -479,9 +479,10 @@ class Report:
             comparisons ``t_test``, with ``select_hparams`` ``selected_hyperparameters``, with
             ``by_round`` one ``by_round:QUANTITY:TARGET`` each.
         summaries: the labelled summaries the tables read (under ``select_hparams``, the chosen
-            runs relabelled by their group).
+            runs relabelled by their group, and the kept labels' runs under their own labels: a
+            run can appear under both; :func:`distinct_runs` counts it once).
         runs: the runs of the shown targets and labels (under ``select_hparams``, every candidate
-            of the shown methods), for the settings block and the plots.
+            of the shown methods, and the kept labels' runs), for the settings block and the plots.
         notes: which data the runs read (``data: ...``, :func:`data_sources`) and what their
             evaluation read (:func:`evaluation_notes`).
         warnings: runs made by several versions of the code (:func:`code_mix_warning`), and
@@ -552,7 +553,7 @@ def build_report(
             (label, target, seed), a run ``last_five_mean`` cannot score, a target, label,
             baseline, compared label or seed not among the runs', ``select_hparams`` with ``oracle``,
             ``select_per_seed`` or ``keep_labels`` without ``select_hparams``, a kept label not
-            among the runs' labels, runs that read different data without ``allow_mixed_data``,
+            among the runs' labels or that is its method's only candidate (already a row), runs that read different data without ``allow_mixed_data``,
             or a ``by_round`` quantity no run logged.
     """
     from fedbed.federation.evaluation import REPORT_SELECTIONS
@@ -592,6 +593,10 @@ def build_report(
     for label in keep_labels:
         if label not in candidate_labels:
             raise ValueError(f"--keep-label {label!r} is not among the runs' labels: {', '.join(candidate_labels)}")
+    for label in keep_labels:
+        if any(s["label"] == label == s["group"] for s in summaries):
+            raise ValueError(f"--keep-label {label!r} is a method with a single candidate, already a row of its own "
+                             "under --select-hparams; keep a candidate label such as 'fedavg(trial=0)'")
     if select_hparams:
         kept = [s for s in summaries if s["label"] in keep_labels]
         summaries, choices = select_hyperparameters(summaries, selections[0], select_per_seed)
@@ -625,8 +630,7 @@ def build_report(
             tables[f"by_round:{quantity}:{target}"] = by_round_table(
                 labels, [(label, path) for label, run_target, path in shown_runs if run_target == target], quantity,
                 target, spread)
-    # each run once, though a kept label's run may also be its group's choice
-    distinct = list({(s.get("chosen_label", s["label"]), s["target"], s["seed"]): s for s in summaries}.values())
+    distinct = distinct_runs(summaries)
     sources, mixed = data_sources(distinct)
     if mixed and not allow_mixed_data:
         raise ValueError(f"the runs in {', '.join(str(folder) for folder in folders)} read different data "
@@ -659,6 +663,13 @@ def render_report(report: Report, format: str = "markdown") -> str:
         raise ValueError(f"unknown format {format!r}; choose one of {', '.join(RENDERERS)}, csv")
     text = "\n\n".join(RENDERERS[format](rows) for rows in report.tables.values())
     return text + "\n\n" + "\n".join(report.notes) if report.notes and format == "markdown" else text
+
+
+def distinct_runs(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``summaries`` with each run once: under ``select_hparams`` a kept label's run
+    (:func:`build_report`'s ``keep_labels``) may also be its group's choice, shown under both
+    labels; notes that count runs count it once."""
+    return list({(s.get("chosen_label", s["label"]), s["target"], s["seed"]): s for s in summaries}.values())
 
 
 def collapse_notes(summaries: list[dict[str, Any]]) -> list[str]:
@@ -764,7 +775,7 @@ def sweep_settings(summaries: list[dict[str, Any]], configs: list[dict[str, Any]
                                                             else plural(c.get("local_steps"), "local step"))
                + f", batch {c.get('batch_size')}" for c in configs]
     return [("dataset", values(s.get("dataset") for s in summaries)),
-            ("data", "; ".join(data_sources(summaries)[0])),
+            ("data", "; ".join(data_sources(distinct_runs(summaries))[0])),
             ("budget", values(budgets)),
             ("seeds", values(s.get("seed") for s in summaries)),
             ("selection", selection),

@@ -301,7 +301,7 @@ def expand(spec: SweepSpec, sweep_dir: Path, data_root: Path | str | None = None
             hp = {**fixed, **values}
             settings = override_settings(spec.base, variant)
             if trial is not None:
-                settings["hparams_trial"] = trial.model_dump(mode="json", exclude_none=True)
+                settings["hparams_trial"] = trial.model_dump(mode="json")
             if isinstance(settings.get("init_from"), dict):
                 settings["init_from"] = str(init_run_of(settings["init_from"], target, seed, spec.base.get("data_root"), expanded))
             config = config_from_mapping({**settings, "algorithm": algorithm, "target": target, "seed": seed, "hp": hp})

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from fedbed.seeding import derive_seed, name_seed
 
@@ -222,6 +222,21 @@ class HyperparameterTrial(BaseModel):
     seed: int = Field(ge=0)
     trial: int = Field(ge=0)
     draws: Literal["common"] | None = None
+
+    @model_validator(mode="after")
+    def _trial_zero_draws_nothing(self) -> "HyperparameterTrial":
+        if self.trial == 0 and self.draws is not None:
+            raise ValueError("trial 0 runs the defaults and draws nothing: leave draws unset for it")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_unset_draws(self, handler: Any) -> dict[str, Any]:
+        # Every record (config.yaml, summary.json, the job's hash) of a per-method trial stays as
+        # it was before common draws existed, so a search's jobs keep their identity and resume.
+        dumped = handler(self)
+        if dumped.get("draws") is None:
+            dumped.pop("draws", None)
+        return dumped
 
 
 def draw_trial(space: SearchSpace, search_seed: int, method: str, trial: int,
