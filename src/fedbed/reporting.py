@@ -553,8 +553,9 @@ def build_report(
             (label, target, seed), a run ``last_five_mean`` cannot score, a target, label,
             baseline, compared label or seed not among the runs', ``select_hparams`` with ``oracle``,
             ``select_per_seed`` or ``keep_labels`` without ``select_hparams``, a kept label not
-            among the runs' labels or that is its method's only candidate (already a row), runs that read different data without ``allow_mixed_data``,
-            or a ``by_round`` quantity no run logged.
+            among the runs' labels or that is its method's only candidate (already a row), runs
+            that read different data without ``allow_mixed_data``, or a ``by_round`` quantity no
+            run logged.
     """
     from fedbed.federation.evaluation import REPORT_SELECTIONS
 
@@ -593,7 +594,6 @@ def build_report(
     for label in keep_labels:
         if label not in candidate_labels:
             raise ValueError(f"--keep-label {label!r} is not among the runs' labels: {', '.join(candidate_labels)}")
-    for label in keep_labels:
         if any(s["label"] == label == s["group"] for s in summaries):
             raise ValueError(f"--keep-label {label!r} is a method with a single candidate, already a row of its own "
                              "under --select-hparams; keep a candidate label such as 'fedavg(trial=0)'")
