@@ -243,6 +243,12 @@ def test_algorithms_show_the_values_a_run_on_a_dataset_uses_and_their_source():
     general = runner.invoke(app, ["algorithms", "ppdg"])
     assert general.exit_code == 0 and "alignment_lambda=0.1" in general.output
     assert "on RotatedMNIST (its paper's values): alignment_lambda=0.001" in general.output
+    from fedbed.algorithms import get_algorithm
+
+    for key, distribution in get_algorithm("ppdg").search_space().items():  # one method: each range's source
+        assert f"  {key}: {distribution.source}\n" in general.output
+    listing = runner.invoke(app, ["algorithms"]).output
+    assert "hparams_registry.py" not in listing  # the full list stays one line of distributions per method
     on_mnist = runner.invoke(app, ["algorithms", "PPDG", "--dataset", "rotatedmnist"])
     assert "alignment_lambda=0.001 [paper's value on RotatedMNIST]" in on_mnist.output
     assert "client_lr=0.001," in on_mnist.output and "client_lr=0.001 [" not in on_mnist.output

@@ -126,6 +126,26 @@ def test_select_hparams_chooses_by_source_validation_per_target(tmp_path):
         sweep_tables(tmp_path / "sweep", "oracle", select_hparams=True)
 
 
+def test_a_tie_on_source_validation_goes_to_the_last_label_and_is_named(tmp_path):
+    """Two values with the same mean id accuracy (77 = (78 + 76) / 2 = (80 + 74) / 2): the label
+    last in string order is chosen, and a note names the tie; a group the report does not show
+    has no tie note."""
+    from fedbed.reporting import build_report
+
+    runs = [("ppdg", {"lam": 0.1}, "a", 0, 78, 10), ("ppdg", {"lam": 0.1}, "a", 1, 76, 12),
+            ("ppdg", {"lam": 1.0}, "a", 0, 80, 50), ("ppdg", {"lam": 1.0}, "a", 1, 74, 52),
+            ("fedavg", {}, "a", 0, 70, 40)]
+    write_sweep(tmp_path / "sweep", runs, {"ppdg": {"lam": [0.1, 1.0]}})
+    report = build_report(tmp_path / "sweep", "last", select_hparams=True)
+    assert report.tables["ood"][2] == ["ppdg", "51.0 ± 1.4"]
+    assert ("tie: ppdg, target a: ppdg(lam=0.1), ppdg(lam=1.0) have the same id accuracy (77.00); ppdg(lam=1.0) is "
+            "chosen (the last label)") in report.notes
+    per_seed = build_report(tmp_path / "sweep", "last", select_hparams=True, select_per_seed=True)
+    assert not [note for note in per_seed.notes if note.startswith("tie:")]  # each seed has its own winner
+    assert not [note for note in build_report(tmp_path / "sweep", "last", select_hparams=True, labels=["fedavg"]).notes
+                if note.startswith("tie:")]
+
+
 def test_a_report_of_some_seeds_reads_only_their_runs_for_tables_tests_and_the_choice(tmp_path):
     """``seeds`` (``fedbed report --seed``) keeps the other seeds' runs out of everything: here
     lambda 0.1 wins on the mean id over both seeds (80 vs 75) but loses on seed 0 alone (70 vs 75)."""

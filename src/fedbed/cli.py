@@ -257,7 +257,8 @@ def algorithms(
 ) -> None:
     """List the registered algorithms with their hyperparameters (the values a run uses and where
     each comes from: the general default, or the paper's value for the dataset), the distributions
-    a random hyperparameter search draws them from, whether their server only averages (secure
+    a random hyperparameter search draws them from (for one NAME, with the source of each range),
+    whether their server only averages (secure
     aggregation, robust aggregation and differential privacy apply), and where their defaults were
     measured to fail (a model that collapses to one class, and its results doc).
     NAME may be a composed CLIENT+SERVER method."""
@@ -281,10 +282,14 @@ def algorithms(
                 if algorithm.server_rule else "")
         typer.echo(f"{algorithm.name:10s} {algorithm.summary}\n{'':10s} server: {server}{role}")
         try:
-            space = ", ".join(f"{key} ~ {distribution}" for key, distribution in algorithm.search_space().items())
+            declared = algorithm.search_space()
+            space = ", ".join(f"{key} ~ {distribution}" for key, distribution in declared.items())
         except AlgorithmError:
-            space = "none declared (a sweep's hparams.search: random refuses it)"
+            declared, space = {}, "none declared (a sweep's hparams.search: random refuses it)"
         typer.echo(f"{'':10s} random search distributions: {space}")
+        if name is not None:  # one method: where each range comes from
+            for key, distribution in declared.items():
+                typer.echo(f"{'':12s} {key}: {distribution.source}")
         for on, failure in algorithm.measured_failures.items():
             if spec is None or spec.name == on:
                 typer.echo(f"{'':10s} measured failure on {on}: {failure}")

@@ -334,13 +334,16 @@ def labelled_summaries(sweep_dirs: Path | Sequence[Path], selections: str | Sequ
 
 
 def select_hyperparameters(summaries: list[dict[str, Any]], selection: str,
-                           per_seed: bool = False) -> tuple[list[dict[str, Any]], list[list[str]]]:
+                           per_seed: bool = False) -> tuple[list[dict[str, Any]], list[list[str]], list[tuple[str, str]]]:
     """DomainBed's hyperparameter selection (``collect_results``, "training-domain validation"):
     per group (method and variant) and target domain, the label (grid values or random-search
     trial) whose runs have the highest mean id accuracy over seeds, the id accuracy being the
     source domains' holdouts at the round ``selection`` chooses; with ``per_seed``, per group,
     target and seed, the label with the highest id accuracy of that seed's run (DomainBed groups
-    by ``trial_seed`` before it chooses). The target is never read.
+    by ``trial_seed`` before it chooses). The target is never read. Labels that tie on the best
+    id accuracy (a holdout's accuracy is a count over its size, so equal scores happen) go to the
+    label last in string order (DomainBed's tie-break is its records' load order), and a note
+    names the tie.
 
     Args:
         summaries: :func:`labelled_summaries`.
@@ -349,7 +352,7 @@ def select_hyperparameters(summaries: list[dict[str, Any]], selection: str,
 
     Returns:
         ``(the chosen runs, relabelled by their group, the label they had as ``chosen_label``;
-        rows (header first) of the choices)``: a
+        rows (header first) of the choices; ``(group, note)`` per tied choice)``: a
         row per group, target (and seed) with the chosen label, its ``values`` (the
         hyperparameters that differ among the candidates, at the chosen label's values;
         ``–`` for a single candidate), its id accuracy and the number of candidates (labels
@@ -374,8 +377,18 @@ def select_hyperparameters(summaries: list[dict[str, Any]], selection: str,
         if score is not None:  # a run without an id score cannot speak for its label
             scores.setdefault(summary["label"], []).append(score)
         settings.setdefault(key_of(summary), {}).setdefault(summary["label"], summary.get("hp", {}))
-    chosen = {key: max(scores, key=lambda label: (sum(scores[label]) / len(scores[label]), label))
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    chosen = {key: max(scores, key=lambda label: (mean(scores[label]), label))
               for key, scores in candidates.items() if scores}
+    ties = []
+    for key, label in sorted(chosen.items()):
+        tied = sorted(other for other, values in candidates[key].items() if mean(values) == mean(candidates[key][label]))
+        if len(tied) > 1:
+            where = ", ".join(f"{name} {value}" for name, value in zip(["target", "seed"], key[1:]))
+            ties.append((key[0], f"tie: {key[0]}, {where}: {', '.join(tied)} have the same id accuracy "
+                                 f"({mean(candidates[key][label]):.2f}); {label} is chosen (the last label)"))
     rule = "id accuracy of each seed's run" if per_seed else "mean id accuracy"
     rows = [[f"selected hyperparameters (highest {rule}, {selection}; source domains only)", "target",
              *(["seed"] if per_seed else []), "chosen", "values", "id", "candidates"]]
@@ -389,7 +402,7 @@ def select_hyperparameters(summaries: list[dict[str, Any]], selection: str,
                      f"{sum(values) / len(values):.1f}", str(len(candidates[key]))])
     kept = [{**summary, "label": summary["group"], "chosen_label": summary["label"]}
             for summary in summaries if chosen.get(key_of(summary)) == summary["label"]]
-    return kept, rows
+    return kept, rows, ties
 
 
 def differing_values(settings: dict[str, dict[str, Any]], label: str) -> str:
@@ -583,7 +596,7 @@ def build_report(
             raise ValueError(f"seed {seed} is not among the seeds of the runs on {', '.join(targets)}: "
                              f"{', '.join(map(str, found_seeds))}")
     runs = [run for run in runs if not seeds or run.summary["seed"] in seeds]
-    summaries, choices = [run.summary for run in runs], None
+    summaries, choices, ties = [run.summary for run in runs], None, []
     folder_of = {(run.summary["label"], run.summary["target"], run.summary["seed"]): run.path for run in runs}
     if select_per_seed and not select_hparams:
         raise ValueError("--select-per-seed says how --select-hparams chooses; give --select-hparams too")
@@ -599,7 +612,7 @@ def build_report(
                              "under --select-hparams; keep a candidate label such as 'fedavg(trial=0)'")
     if select_hparams:
         kept = [s for s in summaries if s["label"] in keep_labels]
-        summaries, choices = select_hyperparameters(summaries, selections[0], select_per_seed)
+        summaries, choices, ties = select_hyperparameters(summaries, selections[0], select_per_seed)
         summaries += kept
     # A group whose runs have no id score in any target keeps no run, but keeps its row (of "–")
     # and its choice rows, which say why.
@@ -643,7 +656,8 @@ def build_report(
             if run.summary["label"] in labels or select_hparams and run.summary["group"] in labels]
     return Report(selections, tables, summaries, runs,
                   [f"data: {line}" for line in sources] + evaluation_notes(distinct) + collapse_notes(summaries)
-                  + missing_score_notes(summaries, selections), warnings, unfinished)
+                  + missing_score_notes(summaries, selections) + [note for group, note in ties if group in labels],
+                  warnings, unfinished)
 
 
 def render_report(report: Report, format: str = "markdown") -> str:
