@@ -258,9 +258,9 @@ def algorithms(
     """List the registered algorithms with their hyperparameters (the values a run uses and where
     each comes from: the general default, or the paper's value for the dataset), the distributions
     a random hyperparameter search draws them from (for one NAME, with the source of each range),
-    whether their server only averages (secure
-    aggregation, robust aggregation and differential privacy apply), and where their defaults were
-    measured to fail (a model that collapses to one class, and its results doc).
+    whether their server only averages (secure aggregation, robust aggregation and differential
+    privacy apply), and where their defaults were measured to fail (a model that collapses to one
+    class, and its results doc).
     NAME may be a composed CLIENT+SERVER method."""
     from fedbed.algorithms import ALGORITHMS, AlgorithmError, get_algorithm, resolve_hyperparameters
     from fedbed.data import DataError, dataset_spec

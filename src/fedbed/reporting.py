@@ -399,7 +399,7 @@ def select_hyperparameters(summaries: list[dict[str, Any]], selection: str,
             continue
         values = candidates[key][label]
         rows.append([key[0], *(str(part) for part in key[1:]), label, differing_values(settings[key], label),
-                     f"{sum(values) / len(values):.1f}", str(len(candidates[key]))])
+                     f"{mean(values):.1f}", str(len(candidates[key]))])
     kept = [{**summary, "label": summary["group"], "chosen_label": summary["label"]}
             for summary in summaries if chosen.get(key_of(summary)) == summary["label"]]
     return kept, rows, ties
