@@ -61,7 +61,7 @@ step:
 1. F and C are trained on ``λ0·L_err + λ1·L_adv-f`` (``alpha = 0.85`` on the classification
    loss there), where Table 3 and Step c5 put λ0 = 0.85 on L_adv-f and λ1 = 0.15 on L_err;
 2. G is trained on ``E[D(h'|y)²]``, pulling the generated features towards D's label for F's
-   features (the text's "moves toward the center" of the extracted features), where Eq. 4 as
+   features (the text's generated features "moving close to the 'center'", Fig. 2), where Eq. 4 as
    printed, ``E[(1 − D(h'|y))²]``, makes G cooperate with D;
 3. D's step (c7) comes first, on the features of F before its step, and F and C then fool the
    updated D; the paper's order is c5 (F, C), c7 (D), c8 (G).

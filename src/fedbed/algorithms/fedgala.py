@@ -25,9 +25,11 @@ n_k/n average. Weights logged per round (``telemetry.weights``); ``fedavg_global
 
 **Ablations** (Tables 3, 4, 6, 7): ``global_alignment``, ``local_alignment`` (both off is FedSimCLR, Table 4),
 ``unaligned_update=reweight`` with ``reweight_factor`` (Table 6: the unaligned step is scaled, not dropped),
-``objective`` (Table 3: MoCo, BYOL or SimSiam with their defaults, but FedGaLA's ``temperature`` (MoCo) and
-optimiser), Table 7's ``l2_coefficient`` and ``proximal_coefficient``. Defaults (App. B.3): Adam 3e-3, batch 128, 7
-local epochs, 100 rounds (run settings, ``docs/configs/pacs32-fedgala.yaml``), τ = 0, ``iter`` = 3, temperature 0.5.
+``objective`` (Table 3: MoCo or BYOL; FedBed also offers SimSiam, the FedSimSiam baseline of Table 1; each with
+its defaults, but FedGaLA's ``temperature`` (MoCo) and optimiser), Table 7's ``l2_coefficient`` and
+``proximal_coefficient``. Defaults: Adam 3e-3, batch 128, 7 local epochs, 100 rounds (App. B.3; run settings,
+``docs/configs/pacs32-fedgala.yaml``), τ = 0 (Fig. 2d, Sec. 5.4), ``iter`` = 3 (Fig. 3a, Sec. 3.3), temperature 0.5
+(SimCLR's, Chen et al. 2020; the paper gives none).
 
 **Where the authors' code differs from the paper** (github.com/MahdiyarMM/FedGaLA: ``main.py``, ``utils.py``,
 ``models.py``, ``data/datasets.py``). Switched, all at once by ``reading: authors_code`` (an explicit switch wins):

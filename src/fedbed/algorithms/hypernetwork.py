@@ -19,8 +19,8 @@ Two ambiguities of the paper, decided here:
   the mean direction); Sec. 4.2 writes ``e^{−γ_i} / Σ_j e^{−γ_j}``. The default follows
   Algorithm 3; ``gradalign_softmax=negative`` gives the Sec. 4.2 form.
 
-Evaluation: the paper evaluates "generalization on an unseen target domain" and
-"personalization on a held-out subset of the local source domain data" (Fig. 2c) without
+Evaluation: the paper evaluates generalization "on an unseen target domain" and
+personalization "on a held-out subset of the local source domain data" (Fig. 2c) without
 naming an embedding for the target domain. FedBed evaluates every client's generated model:
 id accuracy of a source domain is that of the models of the clients holding it, on its holdout;
 ood accuracy is the mean over all client models on the target (as for Local-only). pFedHN's ood

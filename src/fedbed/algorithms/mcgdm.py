@@ -68,7 +68,9 @@ previous heads the server sent on this client's features of A(x).
 
 Defaults (Implementation Details): SGD, momentum 0.9, weight decay 5e-4, lr 1e-3 → 1e-4 (Office-Home
 2e-3), λ 0.3 on PACS, 0.8 on Office-Home and VLCS. Batch 16 (Office-Home 30), 40 rounds of 1 epoch and
-MixStyle fill what a run leaves unset on PACS, VLCS, Office-Home (:attr:`MCGDM.dataset_run_settings`).
+MixStyle fill what a run leaves unset on PACS, VLCS, Office-Home (:attr:`MCGDM.dataset_run_settings`);
+MixStyle is Table 4's Baseline on PACS, and FedBed's inference for VLCS and Office-Home, where the
+paper does not name it.
 Table 4's rows: Baseline = ``algorithm: fedavg, mixstyle: true``; + RandAug = ``use_intra=false,
 use_inter=false``; + intra, + inter, both = the switches.
 """

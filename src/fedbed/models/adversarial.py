@@ -40,7 +40,8 @@ class Discriminator(nn.Module):
     Args:
         input_dim: d_in, the width of the (projected) features h̄.
         num_classes: K (0 without label conditioning).
-        hidden_dim: d, the featurizer's width ("the first layer of the hidden size").
+        hidden_dim: d, the featurizer's width (Sec. 6.1: "the first layer of discriminator have the
+            same size as the hidden representation").
     """
 
     def __init__(self, input_dim: int, num_classes: int, hidden_dim: int) -> None:
