@@ -32,8 +32,8 @@ the method declares beside its defaults (:mod:`fedbed.algorithms.base.search_spa
 draws for every target, seed and variant, and independent of the other methods listed
 (:func:`hyperparameter_points`); ``draws: common`` draws each trial's shared hyperparameters
 (learning rate, weight decay) from the same random numbers for every method. A hyperparameter
-that ``base`` or a variant sets is held at that value and not drawn. The drawn values are in each job's ``hp`` and the trial in its
-``hparams_trial`` setting, so both are part of its identity; a sweep without ``hparams`` (or with
+that ``base`` or a variant sets is held at that value and not drawn. The drawn values are in each
+job's ``hp`` and the trial in its ``hparams_trial`` setting, so both are part of its identity; a sweep without ``hparams`` (or with
 ``search: grid``) keeps its jobs. ``fedbed report --select-hparams`` then keeps each method's
 trial with the best training-domain validation.
 
