@@ -343,7 +343,9 @@ def select_hyperparameters(summaries: list[dict[str, Any]], selection: str,
     by ``trial_seed`` before it chooses). The target is never read. Labels that tie on the best
     id accuracy (a holdout's accuracy is a count over its size, so equal scores happen) go to the
     label last in string order (DomainBed's tie-break is its records' load order), and a note
-    names the tie.
+    names the tie. When the candidates of a group and target have runs of different seeds (a
+    sweep still running), their means are over different seeds, and a note says so (``fedbed
+    report --seed`` compares like with like).
 
     Args:
         summaries: :func:`labelled_summaries`.
@@ -352,7 +354,8 @@ def select_hyperparameters(summaries: list[dict[str, Any]], selection: str,
 
     Returns:
         ``(the chosen runs, relabelled by their group, the label they had as ``chosen_label``;
-        rows (header first) of the choices; ``(group, note)`` per tied choice)``: a
+        rows (header first) of the choices; ``(group, note)`` per tied choice and per choice
+        among candidates of uneven seeds)``: a
         row per group, target (and seed) with the chosen label, its ``values`` (the
         hyperparameters that differ among the candidates, at the chosen label's values;
         ``–`` for a single candidate), its id accuracy and the number of candidates (labels
@@ -370,25 +373,36 @@ def select_hyperparameters(summaries: list[dict[str, Any]], selection: str,
         return (summary["group"], summary["target"], *((summary["seed"],) if per_seed else ()))
 
     candidates: dict[tuple, dict[str, list[float]]] = {}
+    seeds_of: dict[tuple, dict[str, set[int]]] = {}
     settings: dict[tuple, dict[str, dict[str, Any]]] = {}
     for summary in summaries:
         score = run_score(summary, selection, "id")
         scores = candidates.setdefault(key_of(summary), {})
         if score is not None:  # a run without an id score cannot speak for its label
             scores.setdefault(summary["label"], []).append(score)
+            seeds_of.setdefault(key_of(summary), {}).setdefault(summary["label"], set()).add(summary["seed"])
         settings.setdefault(key_of(summary), {}).setdefault(summary["label"], summary.get("hp", {}))
     def mean(values: list[float]) -> float:
         return sum(values) / len(values)
 
     chosen = {key: max(scores, key=lambda label: (mean(scores[label]), label))
               for key, scores in candidates.items() if scores}
-    ties = []
+    choice_notes = []
     for key, label in sorted(chosen.items()):
         tied = sorted(other for other, values in candidates[key].items() if mean(values) == mean(candidates[key][label]))
         if len(tied) > 1:
             where = ", ".join(f"{name} {value}" for name, value in zip(["target", "seed"], key[1:]))
-            ties.append((key[0], f"tie: {key[0]}, {where}: {', '.join(tied)} have the same id accuracy "
+            choice_notes.append((key[0], f"tie: {key[0]}, {where}: {', '.join(tied)} have the same id accuracy "
                                  f"({mean(candidates[key][label]):.2f}); {label} is chosen (the last label)"))
+    for key, by_label in sorted(seeds_of.items()):
+        seed_sets = {tuple(sorted(seeds)) for seeds in by_label.values()}
+        if len(seed_sets) > 1:
+            counts = "; ".join(f"seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}: "
+                               f"{sum(tuple(sorted(s)) == seeds for s in by_label.values())} label(s)"
+                               for seeds in sorted(seed_sets, key=lambda seeds: (-len(seeds), seeds)))
+            choice_notes.append((key[0], f"uneven seeds: {key[0]}, target {key[1]}: the candidates' mean id accuracies are "
+                                 f"over different seeds ({counts}); choose among runs of the same seeds with --seed, "
+                                 f"or finish the sweep"))
     rule = "id accuracy of each seed's run" if per_seed else "mean id accuracy"
     rows = [[f"selected hyperparameters (highest {rule}, {selection}; source domains only)", "target",
              *(["seed"] if per_seed else []), "chosen", "values", "id", "candidates"]]
@@ -402,7 +416,7 @@ def select_hyperparameters(summaries: list[dict[str, Any]], selection: str,
                      f"{mean(values):.1f}", str(len(candidates[key]))])
     kept = [{**summary, "label": summary["group"], "chosen_label": summary["label"]}
             for summary in summaries if chosen.get(key_of(summary)) == summary["label"]]
-    return kept, rows, ties
+    return kept, rows, choice_notes
 
 
 def differing_values(settings: dict[str, dict[str, Any]], label: str) -> str:
@@ -596,7 +610,7 @@ def build_report(
             raise ValueError(f"seed {seed} is not among the seeds of the runs on {', '.join(targets)}: "
                              f"{', '.join(map(str, found_seeds))}")
     runs = [run for run in runs if not seeds or run.summary["seed"] in seeds]
-    summaries, choices, ties = [run.summary for run in runs], None, []
+    summaries, choices, choice_notes = [run.summary for run in runs], None, []
     folder_of = {(run.summary["label"], run.summary["target"], run.summary["seed"]): run.path for run in runs}
     if select_per_seed and not select_hparams:
         raise ValueError("--select-per-seed says how --select-hparams chooses; give --select-hparams too")
@@ -612,7 +626,7 @@ def build_report(
                              "under --select-hparams; keep a candidate label such as 'fedavg(trial=0)'")
     if select_hparams:
         kept = [s for s in summaries if s["label"] in keep_labels]
-        summaries, choices, ties = select_hyperparameters(summaries, selections[0], select_per_seed)
+        summaries, choices, choice_notes = select_hyperparameters(summaries, selections[0], select_per_seed)
         summaries += kept
     # A group whose runs have no id score in any target keeps no run, but keeps its row (of "–")
     # and its choice rows, which say why.
@@ -656,7 +670,7 @@ def build_report(
             if run.summary["label"] in labels or select_hparams and run.summary["group"] in labels]
     return Report(selections, tables, summaries, runs,
                   [f"data: {line}" for line in sources] + evaluation_notes(distinct) + collapse_notes(summaries)
-                  + missing_score_notes(summaries, selections) + [note for group, note in ties if group in labels],
+                  + missing_score_notes(summaries, selections) + [note for group, note in choice_notes if group in labels],
                   warnings, unfinished)
 
 
