@@ -11,6 +11,7 @@ across folders, so a comparison needs no job copied between folders.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -393,16 +394,15 @@ def select_hyperparameters(summaries: list[dict[str, Any]], selection: str,
         if len(tied) > 1:
             where = ", ".join(f"{name} {value}" for name, value in zip(["target", "seed"], key[1:]))
             choice_notes.append((key[0], f"tie: {key[0]}, {where}: {', '.join(tied)} have the same id accuracy "
-                                 f"({mean(candidates[key][label]):.2f}); {label} is chosen (the last label)"))
+                                         f"({mean(candidates[key][label]):.2f}); {label} is chosen (the last label)"))
     for key, by_label in sorted(seeds_of.items()):
-        seed_sets = {tuple(sorted(seeds)) for seeds in by_label.values()}
-        if len(seed_sets) > 1:
-            counts = "; ".join(f"seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}: "
-                               f"{sum(tuple(sorted(s)) == seeds for s in by_label.values())} label(s)"
-                               for seeds in sorted(seed_sets, key=lambda seeds: (-len(seeds), seeds)))
-            choice_notes.append((key[0], f"uneven seeds: {key[0]}, target {key[1]}: the candidates' mean id accuracies are "
-                                 f"over different seeds ({counts}); choose among runs of the same seeds with --seed, "
-                                 f"or finish the sweep"))
+        labels_per_seeds = Counter(tuple(sorted(seeds)) for seeds in by_label.values())
+        if len(labels_per_seeds) > 1:
+            counts = "; ".join(f"seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}: {count} label(s)"
+                               for seeds, count in sorted(labels_per_seeds.items(), key=lambda item: (-len(item[0]), item[0])))
+            choice_notes.append((key[0], f"uneven seeds: {key[0]}, target {key[1]}: the candidates' mean id accuracies "
+                                         f"are over different seeds ({counts}); choose among runs of the same seeds "
+                                         f"with --seed, or finish the sweep"))
     rule = "id accuracy of each seed's run" if per_seed else "mean id accuracy"
     rows = [[f"selected hyperparameters (highest {rule}, {selection}; source domains only)", "target",
              *(["seed"] if per_seed else []), "chosen", "values", "id", "candidates"]]
