@@ -148,22 +148,34 @@ def test_a_tie_on_source_validation_goes_to_the_last_label_and_is_named(tmp_path
 
 def test_a_choice_among_candidates_of_uneven_seeds_is_named(tmp_path):
     """A sweep still running: lambda 0.1 has seeds 0 and 1, lambda 1.0 seed 0 only, so the
-    choice compares a two-seed mean (77) with a one-seed score (80), and a note says so; with
-    ``--seed 0`` the candidates are even and the note goes; per seed there is nothing to say."""
+    choice compares a two-seed mean (77) with a one-seed score (80), and a note names the label
+    short of a seed; per seed, seed 1 has one candidate where seed 0 has two. With ``--seed 0``
+    the candidates are even and the note goes. A finished run without an id score leaves the
+    same gap."""
     from fedbed.reporting import build_report
 
+    def uneven_notes(report):
+        return [note for note in report.notes if note.startswith("uneven seeds:")]
+
     runs = [("ppdg", {"lam": 0.1}, "a", 0, 78, 10), ("ppdg", {"lam": 0.1}, "a", 1, 76, 12),
-            ("ppdg", {"lam": 1.0}, "a", 0, 80, 50), ("fedavg", {}, "a", 0, 70, 40), ("fedavg", {}, "a", 1, 70, 44)]
+            ("ppdg", {"lam": 1.0}, "a", 0, 80, 50), ("fedavg", {}, "a", 0, 70, 40)]
     write_sweep(tmp_path / "sweep", runs, {"ppdg": {"lam": [0.1, 1.0]}})
     report = build_report(tmp_path / "sweep", "last", select_hparams=True)
     assert report.tables["selected_hyperparameters"][2][2] == "ppdg(lam=1.0)"
-    assert ("uneven seeds: ppdg, target a: the candidates' mean id accuracies are over different seeds (seeds 0, 1: "
-            "1 label(s); seed 0: 1 label(s)); choose among runs of the same seeds with --seed, or finish the sweep"
-            ) in report.notes
-    assert [note for note in report.notes if note.startswith("uneven seeds:")] == [report.notes[-1]]  # fedavg: even
-    for even in (build_report(tmp_path / "sweep", "last", select_hparams=True, seeds=[0]),
-                 build_report(tmp_path / "sweep", "last", select_hparams=True, select_per_seed=True)):
-        assert not [note for note in even.notes if note.startswith("uneven seeds:")]
+    assert uneven_notes(report) == [
+        "uneven seeds: ppdg, target a: not every candidate has a scored run of every seed (ppdg(lam=1.0) has no "
+        "seed 1), so the choice compares means over different seeds; finish those runs, or choose among seeds every "
+        "candidate has with --seed"]
+    per_seed = build_report(tmp_path / "sweep", "last", select_hparams=True, select_per_seed=True)
+    assert [(row[3], row[-1]) for row in per_seed.tables["selected_hyperparameters"][2:]] == [
+        ("ppdg(lam=1.0)", "2"), ("ppdg(lam=0.1)", "1")]  # (chosen, candidates) in seeds 0 and 1
+    assert uneven_notes(per_seed) == [uneven_notes(report)[0].replace("means over different seeds",
+                                                                      "fewer candidates in some seeds")]
+    assert not uneven_notes(build_report(tmp_path / "sweep", "last", select_hparams=True, seeds=[0]))
+    runs[2:2] = [("ppdg", {"lam": 1.0}, "a", 1, None, 52)]  # finished, but no id score
+    write_sweep(tmp_path / "unscored", runs, {"ppdg": {"lam": [0.1, 1.0]}})
+    assert "(ppdg(lam=1.0) has no seed 1)" in uneven_notes(build_report(tmp_path / "unscored", "last",
+                                                                        select_hparams=True))[0]
 
 
 def test_a_report_of_some_seeds_reads_only_their_runs_for_tables_tests_and_the_choice(tmp_path):

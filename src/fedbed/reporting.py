@@ -11,7 +11,6 @@ across folders, so a comparison needs no job copied between folders.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -344,9 +343,9 @@ def select_hyperparameters(summaries: list[dict[str, Any]], selection: str,
     by ``trial_seed`` before it chooses). The target is never read. Labels that tie on the best
     id accuracy (a holdout's accuracy is a count over its size, so equal scores happen) go to the
     label last in string order (DomainBed's tie-break is its records' load order), and a note
-    names the tie. When the candidates of a group and target have runs of different seeds (a
-    sweep still running), their means are over different seeds, and a note says so (``fedbed
-    report --seed`` compares like with like).
+    names the tie. When not every candidate of a group and target has a scored run of every seed
+    (a run unfinished or without an id score), the choice compares means over different seeds
+    (or, per seed, fewer candidates in some seeds), and a note names the labels short of a seed.
 
     Args:
         summaries: :func:`labelled_summaries`.
@@ -355,11 +354,11 @@ def select_hyperparameters(summaries: list[dict[str, Any]], selection: str,
 
     Returns:
         ``(the chosen runs, relabelled by their group, the label they had as ``chosen_label``;
-        rows (header first) of the choices; ``(group, note)`` per tied choice and per choice
-        among candidates of uneven seeds)``: a
-        row per group, target (and seed) with the chosen label, its ``values`` (the
-        hyperparameters that differ among the candidates, at the chosen label's values;
-        ``–`` for a single candidate), its id accuracy and the number of candidates (labels
+        rows (header first) of the choices; ``(group, note)`` per tied choice and per group
+        and target whose candidates' seeds are uneven)``: a row per group, target (and seed)
+        with the chosen label, its ``values`` (the hyperparameters that differ among the
+        candidates, at the chosen label's values; ``–`` for a single candidate), its id
+        accuracy and the number of candidates (labels
         with at least one run that has an id score, :func:`run_score`; a run without one is left
         out of its label's mean). A group and target in which no run has an id score gets a row
         that says so and keeps no run.
@@ -374,14 +373,16 @@ def select_hyperparameters(summaries: list[dict[str, Any]], selection: str,
         return (summary["group"], summary["target"], *((summary["seed"],) if per_seed else ()))
 
     candidates: dict[tuple, dict[str, list[float]]] = {}
-    seeds_of: dict[tuple, dict[str, set[int]]] = {}
+    seeds_of: dict[str, dict[str, dict[str, set[int]]]] = {}  # group -> target -> label -> its scored seeds
     settings: dict[tuple, dict[str, dict[str, Any]]] = {}
     for summary in summaries:
         score = run_score(summary, selection, "id")
         scores = candidates.setdefault(key_of(summary), {})
+        scored_seeds = seeds_of.setdefault(summary["group"], {}).setdefault(summary["target"], {}).setdefault(
+            summary["label"], set())
         if score is not None:  # a run without an id score cannot speak for its label
             scores.setdefault(summary["label"], []).append(score)
-            seeds_of.setdefault(key_of(summary), {}).setdefault(summary["label"], set()).add(summary["seed"])
+            scored_seeds.add(summary["seed"])
         settings.setdefault(key_of(summary), {}).setdefault(summary["label"], summary.get("hp", {}))
     def mean(values: list[float]) -> float:
         return sum(values) / len(values)
@@ -395,14 +396,17 @@ def select_hyperparameters(summaries: list[dict[str, Any]], selection: str,
             where = ", ".join(f"{name} {value}" for name, value in zip(["target", "seed"], key[1:]))
             choice_notes.append((key[0], f"tie: {key[0]}, {where}: {', '.join(tied)} have the same id accuracy "
                                          f"({mean(candidates[key][label]):.2f}); {label} is chosen (the last label)"))
-    for key, by_label in sorted(seeds_of.items()):
-        labels_per_seeds = Counter(tuple(sorted(seeds)) for seeds in by_label.values())
-        if len(labels_per_seeds) > 1:
-            counts = "; ".join(f"seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}: {count} label(s)"
-                               for seeds, count in sorted(labels_per_seeds.items(), key=lambda item: (-len(item[0]), item[0])))
-            choice_notes.append((key[0], f"uneven seeds: {key[0]}, target {key[1]}: the candidates' mean id accuracies "
-                                         f"are over different seeds ({counts}); choose among runs of the same seeds "
-                                         f"with --seed, or finish the sweep"))
+    for group, by_target in sorted(seeds_of.items()):
+        for target, by_label in sorted(by_target.items()):
+            every_seed = set().union(*by_label.values())
+            short = [f"{label} has no seed {', '.join(map(str, sorted(every_seed - seeds)))}"
+                     for label, seeds in sorted(by_label.items()) if seeds != every_seed]
+            if short and len(by_label) > 1:
+                compared = "fewer candidates in some seeds" if per_seed else "means over different seeds"
+                choice_notes.append((group, f"uneven seeds: {group}, target {target}: not every candidate has a "
+                                            f"scored run of every seed ({'; '.join(short)}), so the choice compares "
+                                            f"{compared}; finish those runs, or choose among seeds every candidate "
+                                            f"has with --seed"))
     rule = "id accuracy of each seed's run" if per_seed else "mean id accuracy"
     rows = [[f"selected hyperparameters (highest {rule}, {selection}; source domains only)", "target",
              *(["seed"] if per_seed else []), "chosen", "values", "id", "candidates"]]
