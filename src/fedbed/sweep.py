@@ -34,8 +34,8 @@ draws for every target, seed and variant, and independent of the other methods l
 (learning rate, weight decay) from the same random numbers for every method. A hyperparameter
 that ``base`` or a variant sets is held at that value and not drawn. The drawn values are in each
 job's ``hp`` and the trial in its ``hparams_trial`` setting, so both are part of its identity; a
-sweep without ``hparams`` (or with ``search: grid``) keeps its jobs. ``fedbed report --select-hparams`` then keeps each method's
-trial with the best training-domain validation.
+sweep without ``hparams`` (or with ``search: grid``) keeps its jobs. ``fedbed report
+--select-hparams`` then keeps each method's trial with the best training-domain validation.
 
 Warm starts from another sweep's models: ``init_from: {sweep: FOLDER, algorithm: NAME}`` in
 ``base`` or a variant starts each job from that sweep's run of ``NAME`` with the job's own target
