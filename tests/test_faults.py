@@ -42,6 +42,8 @@ def test_each_fault_is_dropped_with_its_reason_and_the_model_stays_finite(fault,
     federation.client_timeout = 10.0 if fault == "slow" else None
     record = one_round(federation, tmp_path)
     assert list(record["dropped"]) == ["0"] and EXPECTED_REASONS[fault] in record["dropped"]["0"]
+    # the telemetry measures the kept replies alone (after an outlier, the rows and columns of the rest)
+    assert record["alignment"]["clients"] == [1, 2] and len(record["alignment"]["cosine"]) == 2
     assert record["telemetry"]["weights"].keys() == {"1", "2"} and record["kept_previous_model"] is None
     assert all(torch.isfinite(v).all() for v in floating_state(federation).values())
 

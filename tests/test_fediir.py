@@ -200,13 +200,13 @@ def test_the_gradient_slots_are_left_out_of_the_measured_updates():
     """The engine's update telemetry and outlier check measure the model only: a slot that moved
     by 100 changes nothing, a model array that moved by 3 is the whole update."""
     from fedbed.algorithms.fediir import GRADIENT_PREFIX, FedIIRStrategy
-    from fedbed.federation.engine import client_updates
+    from fedbed.federation.engine import client_update_gram
     from fedbed.federation.messages import Payload, Reply
 
     assert FedIIRStrategy.auxiliary_array_prefixes == (GRADIENT_PREFIX,)
     sent = {"classifier.bias": torch.zeros(2), GRADIENT_PREFIX + "classifier.bias": torch.zeros(2)}
     returned = {"classifier.bias": torch.tensor([3.0, 0.0]), GRADIENT_PREFIX + "classifier.bias": torch.tensor([100.0, 0.0])}
-    _, updates = client_updates({0: Payload(arrays=sent)}, {0: Reply(arrays=returned, num_examples=1)}, (GRADIENT_PREFIX,))
-    assert updates.tolist() == [[3.0, 0.0]]
-    _, both = client_updates({0: Payload(arrays=sent)}, {0: Reply(arrays=returned, num_examples=1)})
-    assert float(both.norm()) > 100
+    _, gram = client_update_gram({0: Payload(arrays=sent)}, {0: Reply(arrays=returned, num_examples=1)}, (GRADIENT_PREFIX,))
+    assert gram.tolist() == [[9.0]]  # ||(3, 0)||²
+    _, both = client_update_gram({0: Payload(arrays=sent)}, {0: Reply(arrays=returned, num_examples=1)})
+    assert both.tolist() == [[9.0 + 10_000.0]]

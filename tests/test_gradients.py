@@ -21,12 +21,15 @@ from fedbed.algorithms.gradient_agreement import (
 from fedbed.algorithms.fedomg import FedOMGAggregation, FedOMGHyperparameters
 from fedbed.algorithms.hypernetwork import gradalign_weights
 from fedbed.algorithms.ppdg import PPDGAggregation, PPDGHyperparameters, ppdg_align
+from fedbed.federation.arrays import stacked_updates
 from fedbed.federation.alignment import (
     alignment_telemetry,
+    alignment_telemetry_from_gram,
     conflicting_pairs,
     cosine_matrix,
     cosine_similarities,
     mean_pairwise_cosine,
+    update_gram_matrix,
 )
 
 T = lambda *rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
@@ -95,6 +98,35 @@ def test_fedgma_aggregation_applies_mask_and_server_step():
     mean = updates.mean(dim=0)
     assert torch.allclose(aggregated, T([1, 1 / 3, 0, 1])[0] * mean)
     assert strategy.server_learning_rate == 0.1 and telemetry["mask_mean"] == pytest.approx((1 + 1 / 3 + 0 + 1) / 4)
+
+
+def test_stacked_updates_by_hand():
+    # rows flatten(a_k) - start over the keys in order: ("w" [2], "b" [1])
+    start = T([1, 1, 0.5])[0]
+    arrays = [{"b": torch.tensor([2.5]), "w": torch.tensor([2.0, 1.0])}, {"w": torch.tensor([1.0, -2.0]), "b": torch.tensor([1.5])}]
+    updates = stacked_updates(arrays, start, ["w", "b"])
+    assert updates.dtype == torch.float64 and updates.tolist() == [[1, 0, 2], [0, -3, 1]]
+
+
+def test_the_gram_matrix_of_updates_by_hand_array_by_array():
+    # Updates over two arrays, "w" [2] and "b" [1]: Δ_0 = (1, 0 | 2), Δ_1 = (0, -3 | 1), Δ_2 = 0.
+    # G = [[1+4, 2, 0], [2, 9+1, 0], [0, 0, 0]]; norms √5, √10, 0; cos_01 = 2/√50; no conflict.
+    sent = [{"w": torch.tensor([1.0, 1.0]), "b": torch.tensor([0.5])}] * 3
+    returned = [{"w": torch.tensor([2.0, 1.0]), "b": torch.tensor([2.5]), "count": torch.tensor(7)},
+                {"w": torch.tensor([1.0, -2.0]), "b": torch.tensor([1.5])},
+                {"w": torch.tensor([1.0, 1.0]), "b": torch.tensor([0.5])}]
+    gram = update_gram_matrix(sent, returned, ["w", "b"])
+    assert gram.dtype == torch.float64 and gram.tolist() == [[5, 2, 0], [2, 10, 0], [0, 0, 0]]
+    telemetry = alignment_telemetry_from_gram(gram, [3, 1, 2])
+    assert telemetry["clients"] == [3, 1, 2] and telemetry["conflicting_pairs"] == 0
+    assert telemetry["update_norms"] == pytest.approx([math.sqrt(5), math.sqrt(10), 0])
+    assert telemetry["cosine"][0][1] == pytest.approx(2 / math.sqrt(50)) and telemetry["cosine"][2] == [0, 0, 0]
+    # The same as the telemetry of the stacked updates [K, P].
+    stacked = alignment_telemetry(T([1, 0, 2], [0, -3, 1], [0, 0, 0]), [3, 1, 2])
+    assert stacked["conflicting_pairs"] == 0 and stacked["update_norms"] == pytest.approx(telemetry["update_norms"])
+    assert torch.allclose(torch.tensor(stacked["cosine"]), torch.tensor(telemetry["cosine"]))
+    with pytest.raises(ValueError, match="one sent mapping per returned one"):
+        update_gram_matrix(sent[:2], returned, ["w"])
 
 
 def test_cosines_and_conflicts():

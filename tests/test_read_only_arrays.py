@@ -12,7 +12,7 @@ from torch import nn
 
 from fedbed.algorithms.base.local_training import SupervisedTrainer
 from fedbed.algorithms.mcgdm import MCGDMStrategy
-from fedbed.federation.engine import check_reply, client_updates, run_rounds
+from fedbed.federation.engine import check_reply, client_update_gram, run_rounds
 from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.transport import InProcessClients, PayloadSnapshot
 from tests.helpers import build_federation
@@ -30,8 +30,8 @@ def test_reply_checks_and_updates_ignore_read_only_arrays():
     sent = Payload({"w": torch.zeros(2)}, read_only_arrays={"other": torch.ones(3)})
     reply = Reply({"w": torch.ones(2)}, num_examples=4)
     assert check_reply(reply, sent.arrays) is None  # "other" is not echoed, and need not be
-    order, updates = client_updates({0: sent}, {0: reply})
-    assert updates.shape == (1, 2)
+    order, gram = client_update_gram({0: sent}, {0: reply})
+    assert order == [0] and gram.tolist() == [[2.0]]  # ||(1, 1)||² over "w" alone
     assert sent.num_bytes() == 2 * 4 + 3 * 4 and reply.num_bytes() == 2 * 4
 
 

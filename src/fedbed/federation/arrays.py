@@ -48,6 +48,25 @@ def flatten(arrays: Mapping[str, torch.Tensor], keys: Sequence[str]) -> torch.Te
     return torch.cat([arrays[key].detach().reshape(-1).to(torch.float64) for key in keys])
 
 
+def stacked_updates(arrays: Sequence[Mapping[str, torch.Tensor]], start: torch.Tensor, keys: Sequence[str]) -> torch.Tensor:
+    """The K updates ``flatten(arrays_k) − start`` as rows of one float64 matrix ``[K, P]``,
+    written into it row by row (the peak memory is the matrix and one row, not twice the matrix
+    as stacking a list of rows would hold).
+
+    Args:
+        arrays: K mappings of name -> tensor, each holding every key.
+        start: ``[P]`` float64, :func:`flatten` of the arrays the updates start from.
+        keys: the names of the arrays, in the order of ``start``.
+
+    Returns:
+        ``[K, P]`` float64.
+    """
+    updates = torch.empty(len(arrays), start.numel(), dtype=torch.float64)
+    for row, array in zip(updates, arrays):
+        torch.sub(flatten(array, keys), start, out=row)
+    return updates
+
+
 def unflatten(vector: torch.Tensor, like: Mapping[str, torch.Tensor], keys: Sequence[str]) -> dict[str, torch.Tensor]:
     """Split a vector ``[P]`` back into tensors shaped and typed as ``like[k]`` for ``k`` in ``keys``."""
     out, offset = {}, 0

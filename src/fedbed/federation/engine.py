@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from fedbed.federation.alignment import alignment_telemetry
-from fedbed.federation.arrays import flatten, floating_keys
+from fedbed.federation.alignment import alignment_telemetry_from_gram, update_gram_matrix
+from fedbed.federation.arrays import floating_keys
 from fedbed.federation.checkpoints import EngineError, load_checkpoint
 from fedbed.federation.client_evaluation import (
     combine_client_statistics,
@@ -179,15 +179,21 @@ def check_reply(reply: Reply, expected: dict[str, torch.Tensor], client_timeout:
     return None
 
 
-def client_updates(payloads: dict[int, Payload], replies: dict[int, Reply],
-                   auxiliary_prefixes: tuple[str, ...] = ()) -> tuple[list[int], torch.Tensor] | None:
-    """Each replying client's update ``reply − payload`` over the floating-point arrays both hold,
-    but for those whose names start with one of ``auxiliary_prefixes`` (arrays that are not the
-    model: :attr:`~fedbed.federation.strategy.ServerStrategy.auxiliary_array_prefixes`).
+def client_update_gram(payloads: dict[int, Payload], replies: dict[int, Reply],
+                       auxiliary_prefixes: tuple[str, ...] = ()) -> tuple[list[int], torch.Tensor] | None:
+    """The Gram matrix of each replying client's update ``reply − payload``
+    (:func:`~fedbed.federation.alignment.update_gram_matrix`) over the floating-point arrays both
+    hold, but for those whose names start with one of ``auxiliary_prefixes`` (arrays that are not
+    the model: :attr:`~fedbed.federation.strategy.ServerStrategy.auxiliary_array_prefixes`).
+
+    The norm check and the alignment telemetry read only inner products of the updates, so the
+    engine keeps this ``[K, K]`` matrix instead of the updates ``[K, P]`` (memory: K × the
+    largest array instead of K × the model).
 
     Returns:
-        ``(client ids, updates [K, P])``, or ``None`` when there is no reply or the replies share
-        no such array with what was sent (then no alignment telemetry is logged).
+        ``(client ids, Gram matrix [K, K] float64, rows in their order)``, or ``None`` when there
+        is no reply or the replies share no such array with what was sent (then no alignment
+        telemetry is logged).
     """
     order = sorted(replies)
     if not order:
@@ -196,8 +202,7 @@ def client_updates(payloads: dict[int, Payload], replies: dict[int, Reply],
             if not key.startswith(auxiliary_prefixes)]
     if not keys:
         return None
-    updates = torch.stack([flatten(replies[c].arrays, keys) - flatten(payloads[c].arrays, keys) for c in order])
-    return order, updates
+    return order, update_gram_matrix([payloads[c].arrays for c in order], [replies[c].arrays for c in order], keys)
 
 
 def outlying_updates(client_ids: Sequence[int], norms: torch.Tensor, factor: float) -> dict[int, str]:
@@ -275,8 +280,8 @@ def checked_replies(federation: Federation, payloads: dict[int, Payload],
     those whose update norm is an outlier (:func:`outlying_updates`).
 
     Returns:
-        ``(replies kept, dropped: client id (str) -> reason, the kept replies' updates``
-        (:func:`client_updates`, ``None`` without any)``)``.
+        ``(replies kept, dropped: client id (str) -> reason, the kept replies' client ids and
+        the Gram matrix of their updates`` (:func:`client_update_gram`, ``None`` without any)``)``.
     """
     replies: dict[int, Reply] = {}
     dropped: dict[str, str] = {}
@@ -287,15 +292,16 @@ def checked_replies(federation: Federation, payloads: dict[int, Payload],
             replies[client] = outcome
         else:
             dropped[str(client)] = reason
-    auxiliary = federation.strategy.auxiliary_array_prefixes
-    updates = client_updates(payloads, replies, auxiliary)
-    if updates is not None:
-        outliers = outlying_updates(updates[0], updates[1].norm(dim=1), federation.update_norm_factor)
+    measured = client_update_gram(payloads, replies, federation.strategy.auxiliary_array_prefixes)
+    if measured is not None:
+        order, gram = measured
+        outliers = outlying_updates(order, gram.diagonal().sqrt(), federation.update_norm_factor)
         if outliers:
             dropped.update({str(client): reason for client, reason in outliers.items()})
             replies = {client: reply for client, reply in replies.items() if client not in outliers}
-            updates = client_updates(payloads, replies, auxiliary)
-    return replies, dropped, updates
+            kept = [index for index, client in enumerate(order) if client not in outliers]
+            measured = ([order[index] for index in kept], gram[kept][:, kept]) if kept else None
+    return replies, dropped, measured
 
 
 def run_round(
@@ -328,11 +334,11 @@ def run_round(
     for client in selected:
         payloads[client].config.update({"round": round_number, "rounds": rounds, "client": client,
                                         "batch_seed": derive_seed(seed, round_number, client)})
-    replies, dropped, updates = checked_replies(federation, payloads, selected)
+    replies, dropped, measured = checked_replies(federation, payloads, selected)
     if dropped and federation.strategy.requires_every_client:
         lost = "; ".join(f"client {client}: {reason}" for client, reason in sorted(dropped.items(), key=lambda item: int(item[0])))
         raise EngineError(f"round {round_number}: this method needs every selected client, and lost {lost}")
-    alignment = alignment_telemetry(updates[1], updates[0]) if updates is not None else None
+    alignment = alignment_telemetry_from_gram(measured[1], measured[0]) if measured is not None else None
     summary, kept_previous_model = aggregate_or_keep(federation.strategy, round_number, replies)
     pseudo_labels = summary.telemetry.pop("pseudo_labels", None)
     adaptation = adaptation_log(pseudo_labels, federation.adaptation_labels_for_the_log) if pseudo_labels is not None else None

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from fedbed.algorithms.base.model_aggregation import ClientModels, ModelAggregation
-from fedbed.federation.arrays import flatten, unflatten, weighted_average
+from fedbed.federation.arrays import flatten, stacked_updates, unflatten, weighted_average
 from fedbed.seeding import seeded_generator
 
 AGGREGATION_PURPOSE = 31
@@ -64,7 +64,7 @@ class UpdateAggregation(ModelAggregation):
         """
         keys = [name for name in models.current if name in models.parameter_names]
         start = flatten(models.current, keys)
-        updates = torch.stack([flatten(arrays, keys) - start for arrays in models.arrays])
+        updates = stacked_updates(models.arrays, start, keys)
         weights = torch.tensor(models.weights, dtype=torch.float64) / sum(models.weights)
         generator = seeded_generator(self.seed, models.round_number, AGGREGATION_PURPOSE)
         aggregated, telemetry = self.aggregate_updates(updates, weights, generator)

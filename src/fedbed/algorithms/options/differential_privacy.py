@@ -40,7 +40,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedbed.algorithms.base.model_aggregation import ClientModels, ModelAggregation
-from fedbed.federation.arrays import clip_to_norm, flatten, floating_keys, unflatten
+from fedbed.federation.arrays import clip_to_norm, flatten, floating_keys, stacked_updates, unflatten
 from fedbed.federation.messages import CLIPPING_NORM, Scalar
 
 CLIPPING_SITES = ("server", "client")
@@ -128,7 +128,7 @@ class FixedClippingPrivacy(ModelAggregation):
         clipping_norm = self.settings.clipping_norm
         keys = floating_keys(current, arrays[0])
         start = flatten(current, keys)
-        clipped, norms = clip_to_norm(torch.stack([flatten(array, keys) - start for array in arrays]), clipping_norm)
+        clipped, norms = clip_to_norm(stacked_updates(arrays, start, keys), clipping_norm)
         noise_std = self.settings.noise_multiplier * clipping_norm / len(arrays)
         noise = torch.randn(start.shape, generator=models.generator, dtype=torch.float64) * noise_std
         state = {name: tensor.detach().clone() for name, tensor in current.items()}
