@@ -29,7 +29,9 @@ most 2.1e-6 relative in a loss, 6.9e-4 in an update norm and 0.12 points in an a
 the CPU kinds seen so far). A relative deviation is ``|replayed - recorded| / |recorded|`` (a
 recorded 0 must be met within 1e-12, as ``pytest.approx`` does); two NaNs agree. On the machine
 kind that made a job (its ``provenance.jsonl``'s ``torch_cpu_capability``, printed beside this
-machine's) the deviations are expected to be 0.
+machine's) the deviations are expected to be 0, but for the update norms of jobs recorded before
+2026-11-27, which the engine then computed from the stacked updates and now from their Gram
+matrix (the last bits differ).
 
 How a job is replayed (printed per job): the engine hands every client the run's total number
 of rounds (``payload.config["rounds"]``), which the cosine learning-rate schedule reads

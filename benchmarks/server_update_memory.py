@@ -4,14 +4,14 @@ Every round the engine checks the replies' update norms and logs how the updates
 (``fedbed.federation.engine.client_update_gram``); both read only inner products of the updates,
 so the engine accumulates their K x K Gram matrix one array at a time and never holds the K
 updates ``[K, P]`` at once (it did until 2026-11-27; the rules that combine updates, such as
-PPDG, PCGrad and FedOMG, still stack them: ``fedbed.federation.arrays.flatten``). This script
+PPDG, PCGrad and FedOMG, need them as a matrix: ``fedbed.federation.arrays.stacked_updates``). This script
 builds K replies of a model (its initial weights plus noise, as after local training), then
 measures, in this process, the peak memory each way adds above what the replies already take:
 
-- the engine's way: ``client_update_gram`` (float64, K x the largest array at a time);
+- the engine's way: ``client_update_gram`` (float64, K + 1 copies of the largest array at a time);
 - stacked: the float64 ``[K, P]`` updates stacked from a list of rows, and their norms, as the
   engine computed them before (the list and the stack are held at once);
-- an update rule's ``[K, P]``: ``fedbed.federation.arrays.stacked_updates``, written row by row,
+- an update rule's ``[K, P]``: ``fedbed.federation.arrays.stacked_updates``, written array by array,
   as ``base.update_aggregation`` and differential privacy's clipping build it.
 
 Peak memory is Linux's ``VmHWM`` of ``/proc/self/status``, reset before each measurement by
@@ -86,13 +86,14 @@ def main() -> int:
         return updates.norm(dim=1)
 
     stacked_mib, norms = peak_added_mib(stacked_norms)
-    rows_mib, _ = peak_added_mib(lambda: stacked_updates([replies[c].arrays for c in sorted(replies)], flatten(sent, keys), keys))
+    start = flatten(sent, keys)
+    rows_mib, _ = peak_added_mib(lambda: stacked_updates([replies[c].arrays for c in sorted(replies)], start, keys))
     deviation = float(((gram.diagonal().sqrt() - norms).abs() / norms).max())
     print(f"the engine's Gram matrix, array by array: peak {gram_mib:+.1f} MiB "
-          f"(K x the largest array in float64: {args.clients * largest * 8 / MiB:.1f} MiB)")
+          f"(K + 1 copies of the largest array in float64: {(args.clients + 1) * largest * 8 / MiB:.1f} MiB)")
     print(f"the updates stacked as float64 [K, P], then their norms: peak {stacked_mib:+.1f} MiB "
           f"(K x P in float64: {args.clients * parameters * 8 / MiB:.1f} MiB)")
-    print(f"an update rule's float64 [K, P], written row by row (arrays.stacked_updates): peak {rows_mib:+.1f} MiB")
+    print(f"an update rule's float64 [K, P], written array by array (arrays.stacked_updates): peak {rows_mib:+.1f} MiB")
     print(f"update norms, largest relative difference between the two ways: {deviation:.2e}")
     if not deviation <= 1e-9:
         print("the two ways disagree on the update norms", file=sys.stderr)

@@ -21,7 +21,6 @@ from fedbed.algorithms.gradient_agreement import (
 from fedbed.algorithms.fedomg import FedOMGAggregation, FedOMGHyperparameters
 from fedbed.algorithms.hypernetwork import gradalign_weights
 from fedbed.algorithms.ppdg import PPDGAggregation, PPDGHyperparameters, ppdg_align
-from fedbed.federation.arrays import stacked_updates
 from fedbed.federation.alignment import (
     alignment_telemetry,
     alignment_telemetry_from_gram,
@@ -31,6 +30,7 @@ from fedbed.federation.alignment import (
     mean_pairwise_cosine,
     update_gram_matrix,
 )
+from fedbed.federation.arrays import flatten, stacked_updates
 
 T = lambda *rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
 
@@ -106,6 +106,21 @@ def test_stacked_updates_by_hand():
     arrays = [{"b": torch.tensor([2.5]), "w": torch.tensor([2.0, 1.0])}, {"w": torch.tensor([1.0, -2.0]), "b": torch.tensor([1.5])}]
     updates = stacked_updates(arrays, start, ["w", "b"])
     assert updates.dtype == torch.float64 and updates.tolist() == [[1, 0, 2], [0, -3, 1]]
+    with pytest.raises(ValueError, match="start vector holds 3"):
+        stacked_updates(arrays, start, ["w"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_stacked_updates_equal_the_stack_of_flattened_differences_bit_for_bit(dtype):
+    generator = torch.Generator().manual_seed(0)
+    current = {"conv": torch.randn(4, 3, generator=generator).to(dtype), "empty": torch.zeros(0, dtype=dtype),
+               "bias": torch.randn(5, generator=generator).to(dtype)}
+    arrays = [{key: (value.double() + torch.randn(value.shape, generator=generator, dtype=torch.float64)).to(dtype)
+               for key, value in current.items()} for _ in range(3)]
+    keys = ["conv", "empty", "bias"]
+    start = flatten(current, keys)
+    expected = torch.stack([flatten(array, keys) - start for array in arrays])
+    assert torch.equal(stacked_updates(arrays, start, keys).view(torch.int64), expected.view(torch.int64))
 
 
 def test_the_gram_matrix_of_updates_by_hand_array_by_array():
@@ -127,6 +142,9 @@ def test_the_gram_matrix_of_updates_by_hand_array_by_array():
     assert torch.allclose(torch.tensor(stacked["cosine"]), torch.tensor(telemetry["cosine"]))
     with pytest.raises(ValueError, match="one sent mapping per returned one"):
         update_gram_matrix(sent[:2], returned, ["w"])
+    with pytest.raises(ValueError, match="array 'w' holds \\[1, 2\\] values"):
+        update_gram_matrix(sent, [*returned[:2], {"w": torch.tensor([1.0]), "b": torch.tensor([0.5])}], ["w", "b"])
+    assert update_gram_matrix([], [], ["w"]).shape == (0, 0)
 
 
 def test_cosines_and_conflicts():

@@ -1,7 +1,8 @@
-"""Named parameter arrays: averaging, copying, flattening and clipping.
+"""Named parameter arrays: averaging, copying, flattening, updates and clipping.
 
-The shared array math of every aggregation and of the engine's update measurements, written once
-and tested against hand-computed cases (``tests/test_gradients.py``).
+The shared array math of every aggregation, written once and tested against hand-computed cases
+(``tests/test_gradients.py``); the engine's update measurements build on it
+(:func:`fedbed.federation.alignment.update_gram_matrix`).
 """
 
 from __future__ import annotations
@@ -48,10 +49,25 @@ def flatten(arrays: Mapping[str, torch.Tensor], keys: Sequence[str]) -> torch.Te
     return torch.cat([arrays[key].detach().reshape(-1).to(torch.float64) for key in keys])
 
 
+def write_difference(destination: torch.Tensor, returned: torch.Tensor, sent: torch.Tensor) -> None:
+    """Write ``returned − sent``, flattened and computed in float64, into ``destination``: the
+    values of ``returned.to(float64) − sent.to(float64)``, without a float64 copy of ``returned``
+    (one of ``sent`` when it is not float64 already).
+
+    Args:
+        destination: ``[n]`` float64, written in place (e.g. a row, or a slice of a row, of a
+            larger matrix).
+        returned, sent: tensors of n elements each, of any floating-point dtype.
+    """
+    destination.copy_(returned.detach().reshape(-1))
+    destination.sub_(sent.detach().reshape(-1))
+
+
 def stacked_updates(arrays: Sequence[Mapping[str, torch.Tensor]], start: torch.Tensor, keys: Sequence[str]) -> torch.Tensor:
     """The K updates ``flatten(arrays_k) − start`` as rows of one float64 matrix ``[K, P]``,
-    written into it row by row (the peak memory is the matrix and one row, not twice the matrix
-    as stacking a list of rows would hold).
+    written into it array by array (:func:`write_difference`): the peak memory is the matrix
+    alone, not twice it as stacking a list of flattened rows would hold. Bit for bit
+    ``torch.stack([flatten(a, keys) − start for a in arrays])``.
 
     Args:
         arrays: K mappings of name -> tensor, each holding every key.
@@ -60,10 +76,18 @@ def stacked_updates(arrays: Sequence[Mapping[str, torch.Tensor]], start: torch.T
 
     Returns:
         ``[K, P]`` float64.
+
+    Raises:
+        ValueError: the arrays named ``keys`` hold other than ``P`` values in all.
     """
     updates = torch.empty(len(arrays), start.numel(), dtype=torch.float64)
     for row, array in zip(updates, arrays):
-        torch.sub(flatten(array, keys), start, out=row)
+        sizes = [array[key].numel() for key in keys]
+        if sum(sizes) != start.numel():
+            raise ValueError(f"the arrays {list(keys)} hold {sum(sizes)} values in all, but the start vector holds "
+                             f"{start.numel()}: flatten the start over the same keys")
+        for key, segment, start_segment in zip(keys, row.split(sizes), start.split(sizes)):
+            write_difference(segment, array[key], start_segment)
     return updates
 
 

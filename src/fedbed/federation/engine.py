@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from fedbed.federation.alignment import alignment_telemetry_from_gram, update_gram_matrix
+from fedbed.federation.alignment import alignment_telemetry_from_gram, norms_from_gram, update_gram_matrix
 from fedbed.federation.arrays import floating_keys
 from fedbed.federation.checkpoints import EngineError, load_checkpoint
 from fedbed.federation.client_evaluation import (
@@ -187,12 +187,12 @@ def client_update_gram(payloads: dict[int, Payload], replies: dict[int, Reply],
     the model: :attr:`~fedbed.federation.strategy.ServerStrategy.auxiliary_array_prefixes`).
 
     The norm check and the alignment telemetry read only inner products of the updates, so the
-    engine keeps this ``[K, K]`` matrix instead of the updates ``[K, P]`` (memory: K × the
-    largest array instead of K × the model).
+    engine keeps this ``[K, K]`` matrix instead of the updates ``[K, P]`` (memory: K + 1 copies
+    of the largest array instead of K × the model).
 
     Returns:
-        ``(client ids, Gram matrix [K, K] float64, rows in their order)``, or ``None`` when there
-        is no reply or the replies share no such array with what was sent (then no alignment
+        ``(client ids, the Gram matrix [K, K] float64 of their updates, rows and columns in the
+        ids' order)``, or ``None`` when there is no reply or the replies share no such array with what was sent (then no alignment
         telemetry is logged).
     """
     order = sorted(replies)
@@ -292,16 +292,16 @@ def checked_replies(federation: Federation, payloads: dict[int, Payload],
             replies[client] = outcome
         else:
             dropped[str(client)] = reason
-    measured = client_update_gram(payloads, replies, federation.strategy.auxiliary_array_prefixes)
-    if measured is not None:
-        order, gram = measured
-        outliers = outlying_updates(order, gram.diagonal().sqrt(), federation.update_norm_factor)
+    update_gram = client_update_gram(payloads, replies, federation.strategy.auxiliary_array_prefixes)
+    if update_gram is not None:
+        order, gram = update_gram
+        outliers = outlying_updates(order, norms_from_gram(gram), federation.update_norm_factor)
         if outliers:
             dropped.update({str(client): reason for client, reason in outliers.items()})
             replies = {client: reply for client, reply in replies.items() if client not in outliers}
             kept = [index for index, client in enumerate(order) if client not in outliers]
-            measured = ([order[index] for index in kept], gram[kept][:, kept]) if kept else None
-    return replies, dropped, measured
+            update_gram = ([order[index] for index in kept], gram[kept][:, kept]) if kept else None
+    return replies, dropped, update_gram
 
 
 def run_round(
@@ -334,11 +334,11 @@ def run_round(
     for client in selected:
         payloads[client].config.update({"round": round_number, "rounds": rounds, "client": client,
                                         "batch_seed": derive_seed(seed, round_number, client)})
-    replies, dropped, measured = checked_replies(federation, payloads, selected)
+    replies, dropped, update_gram = checked_replies(federation, payloads, selected)
     if dropped and federation.strategy.requires_every_client:
         lost = "; ".join(f"client {client}: {reason}" for client, reason in sorted(dropped.items(), key=lambda item: int(item[0])))
         raise EngineError(f"round {round_number}: this method needs every selected client, and lost {lost}")
-    alignment = alignment_telemetry_from_gram(measured[1], measured[0]) if measured is not None else None
+    alignment = alignment_telemetry_from_gram(update_gram[1], update_gram[0]) if update_gram is not None else None
     summary, kept_previous_model = aggregate_or_keep(federation.strategy, round_number, replies)
     pseudo_labels = summary.telemetry.pop("pseudo_labels", None)
     adaptation = adaptation_log(pseudo_labels, federation.adaptation_labels_for_the_log) if pseudo_labels is not None else None
