@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 from _common import parse_arguments
 
+from fedbed.federation.alignment import norms_from_gram
 from fedbed.federation.arrays import flatten, floating_keys, stacked_updates
 from fedbed.federation.engine import client_update_gram
 from fedbed.federation.messages import Payload, Reply
@@ -88,7 +89,7 @@ def main() -> int:
     stacked_mib, norms = peak_added_mib(stacked_norms)
     start = flatten(sent, keys)
     rows_mib, _ = peak_added_mib(lambda: stacked_updates([replies[c].arrays for c in sorted(replies)], start, keys))
-    deviation = float(((gram.diagonal().sqrt() - norms).abs() / norms).max())
+    deviation = float(((norms_from_gram(gram) - norms).abs() / norms).max())
     print(f"the engine's Gram matrix, array by array: peak {gram_mib:+.1f} MiB "
           f"(K + 1 copies of the largest array in float64: {(args.clients + 1) * largest * 8 / MiB:.1f} MiB)")
     print(f"the updates stacked as float64 [K, P], then their norms: peak {stacked_mib:+.1f} MiB "
