@@ -1,6 +1,7 @@
 """Which code made a run: the record of each start, and the report's warning on mixed code."""
 
 import json
+import os
 import re
 from collections import Counter
 
@@ -8,7 +9,7 @@ import torch
 
 from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.run_directory import PROVENANCE_NAME
-from fedbed.provenance import UNRECORDED, record_start, source_fingerprint, source_mix
+from fedbed.provenance import CPU_KERNEL_CAPS, UNRECORDED, record_start, source_fingerprint, source_mix
 from fedbed.reporting import mixed_code_warning
 
 
@@ -20,6 +21,8 @@ def test_each_start_of_a_run_is_recorded_with_the_code_that_made_it(tmp_path):
     assert [s["after_round"] for s in starts] == [0, 1] and summary["provenance"] == starts
     assert all(s["source"] == source_fingerprint() and s["torch_threads"] == torch.get_num_threads()
                and s["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability() for s in starts)
+    caps_here = {name: os.environ[name] for name in CPU_KERNEL_CAPS if name in os.environ}
+    assert all(s["cpu_kernel_caps"] == caps_here for s in starts)
     assert re.fullmatch("[0-9a-f]{12}", source_fingerprint())
     # Resuming a finished run trains nothing, so it records no start.
     again = run_experiment(config.model_copy(update={"rounds": 2}), resume=True, progress=False, echo=lambda *_: None)

@@ -218,7 +218,9 @@ def test_a_committed_job_without_its_checkpoint_gets_it_back_only_from_an_equal_
     A record the re-run does not reproduce (here a round-2 loss edited) gets no checkpoint: the
     re-run, made with the record's torch threads whatever ``threads`` says, is kept (and never
     read as one of the sweep's runs) and the job is reported failed from round 2 on; once the
-    record is restored, the next remake starts over and succeeds. A record made on another CPU
+    record is restored, the next remake starts over and succeeds, also when the alignment
+    telemetry's update norms differ by 1e-12 (their arithmetic changed after older records were
+    made), but not by 1e-6. A record made on another CPU
     instruction set is refused before any training."""
     from fedbed.results import finished_runs, unfinished_runs
 
@@ -244,8 +246,15 @@ def test_a_committed_job_without_its_checkpoint_gets_it_back_only_from_an_equal_
     assert not (job.run_dir / "checkpoint.pt").exists() and (scratch / "checkpoint.pt").is_file()
     assert [json.loads(line)["torch_threads"] for line in (scratch / "provenance.jsonl").read_text().splitlines()] == [1]
     assert [run.path for run in finished_runs(tmp_path)] == [job.run_dir] and unfinished_runs(tmp_path) == []
-    (job.run_dir / "rounds.jsonl").write_bytes(committed["rounds.jsonl"])
+    records = [json.loads(line) for line in committed["rounds.jsonl"].decode().splitlines()]
+    records[1]["alignment"]["update_norms"][0] *= 1 + 1e-6  # beyond the measurements' tolerance
+    (job.run_dir / "rounds.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    assert "from round 2 on" in run_sweep(spec, tmp_path, progress=False, remake_checkpoints=True)["failed"][str(job.run_dir)]
+    records[1]["alignment"]["update_norms"][0] /= 1 + 1e-6
+    records[1]["alignment"]["update_norms"][0] *= 1 + 1e-12  # as the older update arithmetic rounds them
+    (job.run_dir / "rounds.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
     assert run_sweep(spec, tmp_path, progress=False, remake_checkpoints=True)["remade"] == 1
+    (job.run_dir / "rounds.jsonl").write_bytes(committed["rounds.jsonl"])
     assert (job.run_dir / "checkpoint.pt").is_file() and not scratch.exists()
     (job.run_dir / "checkpoint.pt").unlink()
     start = json.loads(committed["provenance.jsonl"].decode().splitlines()[0])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import platform
 from collections import Counter
 from importlib import metadata
@@ -41,13 +42,20 @@ def source_fingerprint() -> str:
     return digest.hexdigest()[:12]
 
 
+CPU_KERNEL_CAPS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+"""Environment variables that cap the instruction set of torch's own CPU kernels (ATen), of
+MKL's and of oneDNN's (e.g. ``avx2``, ``AVX2``, ``AVX2`` on an AVX512 machine, to remake and
+continue records made on an AVX2 one); :func:`current_provenance` records those set."""
+
+
 def current_provenance() -> dict[str, Any]:
-    """``{"fedbed", "source", "torch", "python", "torch_threads", "torch_cpu_capability"}``:
-    FedBed's version, its :func:`source_fingerprint`, torch's and Python's versions, torch's
-    intra-op threads (float reductions, and so the last digits of a run, can depend on it) and the
-    instruction set torch's CPU kernels use (``"AVX2"``, ``"AVX512"``, ``"DEFAULT"``...): the
-    same code, seed and settings give different last bits on another kind of machine, and
-    training amplifies them (``tests/test_bit_identity.py``)."""
+    """``{"fedbed", "source", "torch", "python", "torch_threads", "torch_cpu_capability",
+    "cpu_kernel_caps"}``: FedBed's version, its :func:`source_fingerprint`, torch's and Python's
+    versions, torch's intra-op threads (float reductions, and so the last digits of a run, can
+    depend on it), the instruction set torch's CPU kernels use (``"AVX2"``, ``"AVX512"``,
+    ``"DEFAULT"``...) and the :data:`CPU_KERNEL_CAPS` set in the environment (name to value;
+    empty when none is): the same code, seed and settings give different last bits on another
+    kind of machine, and training amplifies them (``tests/test_bit_identity.py``)."""
     try:
         version = metadata.version("fedbed")
     except metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
@@ -59,6 +67,7 @@ def current_provenance() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch_threads": torch.get_num_threads(),
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_kernel_caps": {name: os.environ[name] for name in CPU_KERNEL_CAPS if name in os.environ},
     }
 
 

@@ -5,6 +5,7 @@ scores as a ``pandas.DataFrame``, read from its run folder without writing anyth
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,15 +35,50 @@ def without_timings(record: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def first_differing_round(run_dir: Path, other: Path) -> int | None:
+MEASUREMENT_KEYS = ("alignment",)
+"""The keys of a round's record that measure the clients' updates and feed nothing back into
+training: the engine's alignment telemetry (cosines, update norms). Its arithmetic changed on
+2026-11-27 (from stacked updates to the Gram matrix, :func:`fedbed.federation.alignment.update_gram_matrix`),
+so a record made before then and a re-run now agree in it to about 1e-13, not bit for bit
+(:data:`MEASUREMENT_TOLERANCE`)."""
+
+MEASUREMENT_TOLERANCE = 1e-9
+"""Relative (and, near zero, absolute) tolerance within which :func:`first_differing_round`
+may accept :data:`MEASUREMENT_KEYS`: far above the 1e-13 that reordered float64 sums move them,
+far below any change of the trained model, whose losses and accuracies are compared exactly."""
+
+
+def _values_close(mine: Any, theirs: Any, tolerance: float) -> bool:
+    """Two JSON values equal in structure, with their floats equal within ``tolerance``
+    (relative, or absolute near zero)."""
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        return mine.keys() == theirs.keys() and all(_values_close(mine[key], theirs[key], tolerance) for key in mine)
+    if isinstance(mine, list) and isinstance(theirs, list):
+        return len(mine) == len(theirs) and all(_values_close(a, b, tolerance) for a, b in zip(mine, theirs))
+    if isinstance(mine, float) and isinstance(theirs, (int, float)) and not isinstance(theirs, bool):
+        return mine == theirs or math.isclose(mine, theirs, rel_tol=tolerance, abs_tol=tolerance)
+    return mine == theirs
+
+
+def first_differing_round(run_dir: Path, other: Path, measurement_tolerance: float = 0.0) -> int | None:
     """The round number of the first record that differs between two runs' ``rounds.jsonl``,
     wall-clock times aside (:func:`without_timings`), or ``None`` when the logs are equal record
-    for record; where one log is shorter, the first round it lacks (1 for an empty log)."""
+    for record; where one log is shorter, the first round it lacks (1 for an empty log).
+
+    Args:
+        measurement_tolerance: how far :data:`MEASUREMENT_KEYS` may differ (relative; absolute
+            near zero), e.g. :data:`MEASUREMENT_TOLERANCE` for a record made before their
+            arithmetic changed. Everything else is compared exactly. 0 (the default): exactly.
+    """
     mine, theirs = read_log(run_dir), read_log(other)
     for index in range(max(len(mine), len(theirs))):
-        if index >= len(mine) or index >= len(theirs) or without_timings(mine[index]) != without_timings(theirs[index]):
+        if index >= len(mine) or index >= len(theirs):
             longer = mine if index < len(mine) else theirs
             return longer[index].get("round", index + 1)
+        first, second = without_timings(mine[index]), without_timings(theirs[index])
+        measured = [(first.pop(key, None), second.pop(key, None)) for key in MEASUREMENT_KEYS]
+        if first != second or not all(_values_close(a, b, measurement_tolerance) for a, b in measured):
+            return mine[index].get("round", index + 1)
     return None
 
 

@@ -480,8 +480,10 @@ def remake_checkpoint(config: ExperimentConfig, threads: int) -> JobOutcome:
     it, e.g. the initial models a warm-started sweep reads, on a new machine): re-run the job in
     ``<sweep folder>/remade/<hash>`` (:data:`~fedbed.run_directory.REMADE_FOLDER`; an interrupted
     re-run is resumed, a finished one started over), and only if its ``rounds.jsonl`` equals the
-    committed one record for record, wall-clock times aside
-    (:func:`fedbed.run_result.first_differing_round`), move its checkpoint (and client-state
+    committed one record for record, wall-clock times aside and the update measurements within
+    :data:`~fedbed.run_result.MEASUREMENT_TOLERANCE` (:func:`fedbed.run_result.first_differing_round`;
+    their arithmetic changed after some records were made; losses, accuracies and every other
+    value must be equal), move its checkpoint (and client-state
     files) into the job's folder and delete the re-run. The committed records are never rewritten.
 
     The re-run uses the torch threads of the record's first start, whatever ``threads`` says
@@ -500,7 +502,7 @@ def remake_checkpoint(config: ExperimentConfig, threads: int) -> JobOutcome:
     import torch
 
     from fedbed.provenance import read_starts
-    from fedbed.run_result import first_differing_round
+    from fedbed.run_result import MEASUREMENT_TOLERANCE, first_differing_round
 
     run_dir = config.run_dir
     scratch = run_dir.parent / REMADE_FOLDER / run_dir.name
@@ -518,7 +520,7 @@ def remake_checkpoint(config: ExperimentConfig, threads: int) -> JobOutcome:
             shutil.rmtree(scratch)
         run_experiment(config.model_copy(update={"run_dir": scratch, "tracker": None}),
                        resume=(scratch / CHECKPOINT_NAME).exists(), progress=False, echo=lambda *_: None)
-        differing = first_differing_round(run_dir, scratch)
+        differing = first_differing_round(run_dir, scratch, measurement_tolerance=MEASUREMENT_TOLERANCE)
         if differing is not None:
             return JobOutcome(str(run_dir), error=f"the re-run differs from the committed rounds.jsonl from round "
                                                   f"{differing} on (other code or arithmetic: compare the two "
