@@ -7,6 +7,7 @@ import sqlite3
 import os
 import socket
 import subprocess
+from unittest.mock import patch
 
 import pytest
 import yaml
@@ -262,6 +263,10 @@ def test_a_committed_job_without_its_checkpoint_gets_it_back_only_from_an_equal_
     outcome = run_sweep(spec, tmp_path, progress=False, remake_checkpoints=True)
     assert "made with torch_cpu_capability ANOTHER, this machine has" in outcome["failed"][str(job.run_dir)]
     assert not scratch.exists()  # refused before any training
+    (job.run_dir / "provenance.jsonl").write_text(json.dumps({**start, "torch_cpu_capability": "AVX2"}) + "\n")
+    with patch("torch.backends.cpu.get_cpu_capability", return_value="AVX512"):
+        refusal = run_sweep(spec, tmp_path, progress=False, remake_checkpoints=True)["failed"][str(job.run_dir)]
+    assert "made with torch_cpu_capability AVX2, this machine has AVX512" in refusal and "ATEN_CPU_CAPABILITY=avx2" in refusal
 
 
 def test_results_report_and_html(tmp_path):

@@ -586,14 +586,19 @@ def jobs_matching(jobs: list[ExperimentConfig], only: dict[str, list[str]]) -> l
 def remake_refusal(run_dir: Path) -> str | None:
     """Why a finished job's checkpoint cannot be remade on this machine (:func:`remake_checkpoint`),
     or ``None``: its record's first start (``provenance.jsonl``) names another torch version or CPU
-    instruction set than this machine's, whose arithmetic differs in the last bits."""
+    instruction set than this machine's, whose arithmetic differs in the last bits. For an AVX2
+    record on an AVX512 machine it names the environment variables that cap the kernels at AVX2
+    (:data:`fedbed.provenance.CPU_KERNEL_CAPS`), with which the remake's comparison decides."""
     from fedbed.provenance import current_provenance, read_starts
 
     recorded, here = (read_starts(run_dir) or [{}])[0], current_provenance()
     for key in ("torch", "torch_cpu_capability"):
         if recorded.get(key) is not None and recorded[key] != here[key]:
+            capped = (key == "torch_cpu_capability" and recorded[key] == "AVX2" and here[key] == "AVX512")
+            hint = (" (or here with the kernels capped: ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 "
+                    "ONEDNN_MAX_CPU_ISA=AVX2 before the command, README)") if capped else ""
             return (f"the record was made with {key} {recorded[key]}, this machine has {here[key]}: a re-run here "
-                    "cannot reproduce it; remake it on a machine like the one that made it")
+                    f"cannot reproduce it; remake it on a machine like the one that made it{hint}")
     return None
 
 
