@@ -9,7 +9,7 @@ import torch
 
 from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.run_directory import PROVENANCE_NAME
-from fedbed.provenance import CPU_KERNEL_CAPS, UNRECORDED, record_start, source_fingerprint, source_mix
+from fedbed.provenance import CPU_KERNEL_CAPS, UNRECORDED, current_provenance, record_start, source_fingerprint, source_mix
 from fedbed.reporting import mixed_code_warning
 
 
@@ -43,6 +43,16 @@ def test_each_start_of_a_run_is_recorded_with_the_code_that_made_it(tmp_path):
     assert source_mix([summary]) == Counter({f"{UNRECORDED}+{source_fingerprint()}": 1})
     # A new start from round 0 in the same folder begins a new record.
     assert len(record_start(tmp_path / "run", 0)) == 1
+
+
+def test_the_kernel_caps_set_are_recorded_and_nothing_else(monkeypatch):
+    # Only the record is read here: no kernel runs while the variables are changed.
+    for name in CPU_KERNEL_CAPS:
+        monkeypatch.delenv(name, raising=False)
+    assert current_provenance()["cpu_kernel_caps"] == {}
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("MKL_NUM_THREADS", "1")  # not a cap
+    assert current_provenance()["cpu_kernel_caps"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def test_source_mix_and_the_reports_warning(tmp_path):

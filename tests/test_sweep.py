@@ -17,6 +17,7 @@ from fedbed.cli import app
 from fedbed.config import ConfigError
 from fedbed.experiment import ExperimentConfig, run_experiment
 from fedbed.plots import plot_sweep
+from fedbed.provenance import AVX2_KERNEL_CAPS, kernel_caps_prefix
 from fedbed.results import query_rounds
 from fedbed.run_directory import DONE_MARKER
 from fedbed.sweep import (
@@ -266,7 +267,10 @@ def test_a_committed_job_without_its_checkpoint_gets_it_back_only_from_an_equal_
     (job.run_dir / "provenance.jsonl").write_text(json.dumps({**start, "torch_cpu_capability": "AVX2"}) + "\n")
     with patch("torch.backends.cpu.get_cpu_capability", return_value="AVX512"):
         refusal = run_sweep(spec, tmp_path, progress=False, remake_checkpoints=True)["failed"][str(job.run_dir)]
-    assert "made with torch_cpu_capability AVX2, this machine has AVX512" in refusal and "ATEN_CPU_CAPABILITY=avx2" in refusal
+    assert "made with torch_cpu_capability AVX2, this machine has AVX512" in refusal
+    caps = kernel_caps_prefix(AVX2_KERNEL_CAPS)
+    assert caps.startswith("ATEN_CPU_CAPABILITY=avx2 ") and caps in refusal
+    assert f"`{caps} fedbed sweep ...`" in (Path(__file__).parents[1] / "README.md").read_text()  # the same caps
 
 
 def test_results_report_and_html(tmp_path):

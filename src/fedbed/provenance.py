@@ -47,6 +47,17 @@ CPU_KERNEL_CAPS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX
 MKL's and of oneDNN's (e.g. ``avx2``, ``AVX2``, ``AVX2`` on an AVX512 machine, to remake and
 continue records made on an AVX2 one); :func:`current_provenance` records those set."""
 
+AVX2_KERNEL_CAPS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+"""The :data:`CPU_KERNEL_CAPS` values that make an AVX512 machine compute as an AVX2 one does, in
+the last bit for every record checked (README, "Results that persist")."""
+
+
+def kernel_caps_prefix(caps: dict[str, str]) -> str:
+    """``caps`` as the environment assignments to write before a command, e.g.
+    ``"ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2"`` for
+    :data:`AVX2_KERNEL_CAPS`."""
+    return " ".join(f"{name}={value}" for name, value in caps.items())
+
 
 def current_provenance() -> dict[str, Any]:
     """``{"fedbed", "source", "torch", "python", "torch_threads", "torch_cpu_capability",

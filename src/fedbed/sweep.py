@@ -588,15 +588,15 @@ def remake_refusal(run_dir: Path) -> str | None:
     or ``None``: its record's first start (``provenance.jsonl``) names another torch version or CPU
     instruction set than this machine's, whose arithmetic differs in the last bits. For an AVX2
     record on an AVX512 machine it names the environment variables that cap the kernels at AVX2
-    (:data:`fedbed.provenance.CPU_KERNEL_CAPS`), with which the remake's comparison decides."""
-    from fedbed.provenance import current_provenance, read_starts
+    (:data:`fedbed.provenance.AVX2_KERNEL_CAPS`), with which the remake's comparison decides."""
+    from fedbed.provenance import AVX2_KERNEL_CAPS, current_provenance, kernel_caps_prefix, read_starts
 
     recorded, here = (read_starts(run_dir) or [{}])[0], current_provenance()
     for key in ("torch", "torch_cpu_capability"):
         if recorded.get(key) is not None and recorded[key] != here[key]:
             capped = (key == "torch_cpu_capability" and recorded[key] == "AVX2" and here[key] == "AVX512")
-            hint = (" (or here with the kernels capped: ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 "
-                    "ONEDNN_MAX_CPU_ISA=AVX2 before the command, README)") if capped else ""
+            hint = (f" (or here with the kernels capped: {kernel_caps_prefix(AVX2_KERNEL_CAPS)} before the command, "
+                    "README)") if capped else ""
             return (f"the record was made with {key} {recorded[key]}, this machine has {here[key]}: a re-run here "
                     f"cannot reproduce it; remake it on a machine like the one that made it{hint}")
     return None
