@@ -392,8 +392,7 @@ class MCGDM(SupervisedAlgorithm):
                             "OfficeHome": {**PAPER_RUN_SETTINGS, "batch_size": 30}}
     measured_failures = {"PACS": "at 32 px from scratch (hfedf_cnn) its SGD predicts one class for all 40 rounds; with Adam, + inter and "
                          "both terms predict one class on sketch to rounds 8-16 and end 7-9 below the Baseline (docs/results/pacs32-mcgdm.md); "
-                         "continued from a model trained on the pooled sources, both terms end 4.7 points below FedAvg "
-                         "(three seeds, sketch and art_painting, docs/results/pacs32-warm-start.md)"}
+                         "warm-started on pooled sources, both terms end 4.7 below FedAvg (docs/results/pacs32-warm-start.md)"}
 
     def create_strategy(self, hparams: MCGDMHyperparameters, context: AlgorithmContext) -> MCGDMStrategy:
         return MCGDMStrategy(context.seed, hparams.include_own_head, send_heads=hparams.uses_previous_heads,
