@@ -3,6 +3,7 @@ may drop a parameter group's gradients; a trainer may run several phases with se
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -10,6 +11,7 @@ from fedbed.algorithms import get_algorithm
 from fedbed.algorithms.base.local_training import (
     SupervisedTrainer,
     run_batches,
+    step_learning_rate,
     train_locally,
 )
 from fedbed.algorithms.base.registry import AlgorithmContext, TrainingBudget
@@ -118,6 +120,39 @@ def test_the_cosine_schedule_sets_each_rounds_learning_rate():
         assert all(torch.equal(scheduled.arrays[name], constant.arrays[name]) for name in sent)
     assert not torch.equal(first.arrays["classifier.weight"], last.arrays["classifier.weight"])
 
+
+
+def test_the_step_schedule_divides_the_rate_after_each_period():
+    """Hand-computed: 40 rounds at 0.8 (FedDG-GA's and FedOMG's ``StepLR``, 5 local epochs: epoch
+    160 of 0..199 is round 33's first) keep 0.01 for rounds 1-32 and 0.001 from round 33; a period
+    of 0.3 of 10 rounds (3 rounds) divides again every 3 rounds; 0.29 of 100 rounds is 29 rounds."""
+    assert [step_learning_rate(t, 40, 0.01, 0.8, 0.1) for t in (1, 32)] == [0.01, 0.01]
+    assert [step_learning_rate(t, 40, 0.01, 0.8, 0.1) for t in (33, 40)] == pytest.approx([0.001, 0.001])
+    assert [step_learning_rate(t, 10, 1.0, 0.3, 0.5) for t in range(1, 11)] == [1, 1, 1, 0.5, 0.5, 0.5, 0.25, 0.25, 0.25, 0.125]
+    assert step_learning_rate(29, 100, 1.0, 0.29, 0.1) == 1.0  # int(0.29 * 100) would be 28: round 29 decayed
+    assert step_learning_rate(30, 100, 1.0, 0.29, 0.1) == pytest.approx(0.1)
+    assert step_learning_rate(2, 2, 1.0, 0.1, 0.1) == pytest.approx(0.1)  # a period shorter than a round is one round
+
+
+def test_a_step_decayed_round_trains_as_the_constant_decayed_rate():
+    """A round of the ``step`` schedule trains exactly as the constant rate it names and logs it."""
+    fedavg = get_algorithm("fedavg")
+    context = AlgorithmContext(lambda: small_model((1, 8, 8), 2), TrainingBudget(batch_size=8, local_steps=3), seed=0)
+    torch.manual_seed(0)
+    sent = {name: tensor.clone() for name, tensor in small_model((1, 8, 8), 2).state_dict().items()}
+    data = client_data()
+
+    def trained(round_number: int, **hparams):
+        trainer = SupervisedTrainer(fedavg.hyperparameters(client_optimizer="sgd", **hparams), context)
+        return trainer.fit(Payload(dict(sent), {"batch_seed": 7, "round": round_number, "rounds": 10}), data, {})
+
+    step = dict(client_lr_schedule="step", client_lr=0.1, client_lr_step_fraction=0.8, client_lr_step_factor=0.5)
+    before, after = trained(8, **step), trained(9, **step)
+    assert (before.metrics["lr"], after.metrics["lr"]) == (0.1, 0.05)
+    for scheduled, constant_lr in ((before, 0.1), (after, 0.05)):
+        constant = trained(9, client_lr=constant_lr)
+        assert all(torch.equal(scheduled.arrays[name], constant.arrays[name]) for name in sent)
+    assert not torch.equal(before.arrays["classifier.weight"], after.arrays["classifier.weight"])
 
 def test_after_step_runs_after_every_optimiser_step():
     """The after-step hook (a momentum encoder's moving average) sees the parameters the step just set."""

@@ -84,7 +84,7 @@ from pydantic import Field, model_validator
 from torch import nn
 from torch.func import functional_call
 
-from fedbed.algorithms.base.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm, SupervisedTrainer
+from fedbed.algorithms.base.local_training import LearningRateSchedule, LocalTrainingHyperparameters, SupervisedAlgorithm, SupervisedTrainer
 from fedbed.algorithms.base.model_aggregation import FedAvgStrategy
 from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
 from fedbed.data.augmentation import AUGMENTATIONS, Augmentation
@@ -125,7 +125,7 @@ class MCGDMHyperparameters(LocalTrainingHyperparameters):
     client_lr: float = Field(1e-3, gt=0)
     client_momentum: float = Field(0.9, ge=0, lt=1)
     client_weight_decay: float = Field(5e-4, ge=0)
-    client_lr_schedule: Literal["constant", "cosine"] = "cosine"
+    client_lr_schedule: LearningRateSchedule = "cosine"
     client_final_lr: float = Field(1e-4, gt=0)
     matching_lambda: float = Field(0.3, ge=0, le=1)
     use_intra: bool = True

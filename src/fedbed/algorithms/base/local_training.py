@@ -6,6 +6,7 @@ import contextlib
 import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
+from fractions import Fraction
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -38,6 +39,9 @@ from fedbed.federation.messages import Payload, Reply
 from fedbed.federation.strategy import ClientTrainer
 from fedbed.seeding import derive_seed
 
+LearningRateSchedule = Literal["constant", "cosine", "step"]
+"""The client learning-rate schedules (:func:`round_hyperparameters`)."""
+
 
 class LocalTrainingHyperparameters(Hyperparameters):
     """The client optimiser, shared by every method.
@@ -59,19 +63,27 @@ class LocalTrainingHyperparameters(Hyperparameters):
         client_lr: the learning rate (of round 1 under a schedule).
         client_weight_decay: L2 weight decay of the optimiser.
         client_momentum: SGD's momentum (ignored by Adam).
-        client_lr_schedule: ``constant``, or ``cosine``: a decay across the run's rounds from
+        client_lr_schedule: ``constant``; ``cosine``: a decay across the run's rounds from
             ``client_lr`` to ``client_final_lr`` (:func:`cosine_learning_rate`; MCGDM's
-            Implementation Details, ``mcgdm.md``).
+            Implementation Details, ``mcgdm.md``); or ``step``: ``client_lr`` times
+            ``client_lr_step_factor`` after every ``client_lr_step_fraction`` of the run's rounds
+            (:func:`step_learning_rate`; the ``--lr_policy step`` of FedDG-GA's and FedOMG's code).
         client_final_lr: the learning rate of the last round under the ``cosine`` schedule
-            (unused by ``constant``).
+            (unused by the others).
+        client_lr_step_fraction: the ``step`` schedule's period as a fraction of the run's rounds
+            (0.8: the authors' ``StepLR(step_size=int(0.8 × total epochs))``, one tenth of the
+            rate for the last 20% of the rounds).
+        client_lr_step_factor: the ``step`` schedule's multiplier (γ; the authors' 0.1).
     """
 
     client_optimizer: Literal["adam", "sgd"] = "adam"
     client_lr: float = Field(1e-3, gt=0)
     client_weight_decay: float = Field(1e-4, ge=0)
     client_momentum: float = Field(0.0, ge=0, lt=1)
-    client_lr_schedule: Literal["constant", "cosine"] = "constant"
+    client_lr_schedule: LearningRateSchedule = "constant"
     client_final_lr: float = Field(1e-4, gt=0)
+    client_lr_step_fraction: float = Field(0.8, gt=0, le=1)
+    client_lr_step_factor: float = Field(0.1, gt=0, le=1)
 
     search_space: ClassVar[SearchSpaceDeclaration] = {
         "client_lr": LogUniform(10 ** -4.5, 10 ** -2.5, source=(
@@ -97,8 +109,24 @@ def cosine_learning_rate(round_number: int, rounds: int, initial: float, final: 
     return final + (initial - final) * (1.0 + math.cos(math.pi * progress)) / 2.0
 
 
+def step_learning_rate(round_number: int, rounds: int, initial: float, step_fraction: float, factor: float) -> float:
+    """The learning rate of round ``round_number`` (1-based) of ``rounds`` under a step decay:
+    ``initial × factor ** ((t − 1) // P)`` with the period P = ⌊``step_fraction`` × R⌋ rounds
+    (at least 1; the fraction read as the decimal it prints as, so 0.29 × 100 is 29, not 28).
+
+    FedDG-GA's and FedOMG's code (``--lr_policy step``, ``utils/trainval_func.py``): each client's
+    ``StepLR(step_size=int(0.8 × local_epochs × comm), gamma=0.1)``, stepped after every local
+    epoch; read per round here, which equals it wherever 0.8 × comm is a whole number of rounds
+    (40 → the learning rate / 10 from round 33 on, 100 → from round 81 on); otherwise the decay
+    starts at the next round's start, not inside a round.
+    """
+    period = max(1, math.floor(Fraction(repr(step_fraction)) * rounds))
+    return initial * factor ** ((round_number - 1) // period)
+
+
 def round_hyperparameters(hparams: LocalTrainingHyperparameters, payload: Payload) -> LocalTrainingHyperparameters:
-    """``hparams`` with the learning rate of this round under ``client_lr_schedule``.
+    """``hparams`` with the learning rate of this round under ``client_lr_schedule``
+    (:func:`cosine_learning_rate`, :func:`step_learning_rate`).
 
     The round and the run's total come from the engine's payload config (``round``, ``rounds``),
     so a resumed run continues the schedule exactly; a resumption that changes the total number
@@ -106,8 +134,12 @@ def round_hyperparameters(hparams: LocalTrainingHyperparameters, payload: Payloa
     """
     if hparams.client_lr_schedule == "constant":
         return hparams
-    lr = cosine_learning_rate(int(payload.config["round"]), int(payload.config["rounds"]),
-                              hparams.client_lr, hparams.client_final_lr)
+    round_number, rounds = int(payload.config["round"]), int(payload.config["rounds"])
+    if hparams.client_lr_schedule == "step":
+        lr = step_learning_rate(round_number, rounds, hparams.client_lr, hparams.client_lr_step_fraction,
+                                hparams.client_lr_step_factor)
+    else:
+        lr = cosine_learning_rate(round_number, rounds, hparams.client_lr, hparams.client_final_lr)
     return hparams.model_copy(update={"client_lr": lr})
 
 
