@@ -25,7 +25,8 @@ def run(federation, rounds, run_dir, resume=False):
 
 @pytest.mark.parametrize(
     "algorithm, hp",
-    [("fedavg", {}), ("agrrand", {}), ("local", {}), ("fedsr", {}), ("hfedf", {"ema_warmup_rounds": 1})],
+    [("fedavg", {}), ("agrrand", {}), ("local", {}), ("fedsr", {}), ("hfedf", {"ema_warmup_rounds": 1}),
+     ("fedavg", {"client_optimizer": "sgd", "client_momentum": 0.9, "client_optimizer_state": "kept"})],
 )
 def test_resume_equals_an_uninterrupted_run(tmp_path, algorithm, hp):
     straight_dir, split_dir = tmp_path / "straight", tmp_path / "split"

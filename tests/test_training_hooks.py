@@ -9,6 +9,7 @@ from torch import nn
 
 from fedbed.algorithms import get_algorithm
 from fedbed.algorithms.base.local_training import (
+    OPTIMIZER_STATE_KEY,
     SupervisedTrainer,
     run_batches,
     step_learning_rate,
@@ -153,6 +154,63 @@ def test_a_step_decayed_round_trains_as_the_constant_decayed_rate():
         constant = trained(9, client_lr=constant_lr)
         assert all(torch.equal(scheduled.arrays[name], constant.arrays[name]) for name in sent)
     assert not torch.equal(before.arrays["classifier.weight"], after.arrays["classifier.weight"])
+
+
+def test_a_kept_optimiser_state_continues_the_momentum_of_the_previous_round():
+    """Two rounds of ``train_locally`` with ``kept_state`` equal one SGD optimiser (momentum 0.9)
+    stepped over both rounds' batches by hand, the second round at its own learning rate; with a
+    fresh optimiser the second round differs."""
+    data = client_data()
+    budget = TrainingBudget(batch_size=8, local_steps=3)
+    rounds = [(get_algorithm("fedavg").hyperparameters(client_optimizer="sgd", client_momentum=0.9, client_lr=lr,
+                                                      client_optimizer_state="kept"), seed)
+              for lr, seed in ((0.1, 7), (0.05, 8))]
+
+    def loss_of(model):
+        return lambda batch: nn.functional.cross_entropy(model(batch.inputs), batch.targets)
+
+    torch.manual_seed(0)
+    start = small_model((1, 8, 8), 2).state_dict()
+    model, kept = small_model((1, 8, 8), 2), {}
+    model.load_state_dict(start)
+    for hparams, seed in rounds:
+        train_locally(model, data, hparams, budget, torch.Generator().manual_seed(seed), loss_of(model), kept_state=kept)
+    assert set(kept) == {OPTIMIZER_STATE_KEY}
+
+    by_hand = small_model((1, 8, 8), 2)
+    by_hand.load_state_dict(start)
+    optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.1, momentum=0.9, weight_decay=rounds[0][0].client_weight_decay)
+    for hparams, seed in rounds:
+        optimizer.param_groups[0]["lr"] = hparams.client_lr
+        for batch in list(data.batches(8, torch.Generator().manual_seed(seed)))[:3]:
+            optimizer.zero_grad()
+            loss_of(by_hand)(batch).backward()
+            optimizer.step()
+    assert all(torch.equal(value, by_hand.state_dict()[name]) for name, value in model.state_dict().items())
+
+    fresh = small_model((1, 8, 8), 2)
+    fresh.load_state_dict(start)
+    for hparams, seed in rounds:
+        train_locally(fresh, data, hparams, budget, torch.Generator().manual_seed(seed), loss_of(fresh))
+    assert not torch.equal(fresh.classifier.weight, model.classifier.weight)
+
+
+def test_the_trainer_keeps_the_optimiser_state_in_the_client_state_only_when_asked():
+    """``client_optimizer_state: kept`` stores the momentum buffers in the client's state, one per
+    parameter; ``fresh`` stores nothing; FedADG, with three optimisers of its own, refuses ``kept``."""
+    context = AlgorithmContext(lambda: small_model((1, 8, 8), 2), TrainingBudget(batch_size=8, local_steps=2), seed=0)
+    sent = dict(small_model((1, 8, 8), 2).state_dict())
+    for mode in ("kept", "fresh"):
+        hparams = get_algorithm("fedavg").hyperparameters(client_optimizer="sgd", client_momentum=0.9,
+                                                          client_optimizer_state=mode)
+        state: dict = {}
+        SupervisedTrainer(hparams, context).fit(Payload(dict(sent), {"batch_seed": 1, "round": 1, "rounds": 2}),
+                                                client_data(), state)
+        kept = state.get(OPTIMIZER_STATE_KEY, {})
+        assert len(kept) == (len(list(context.model_factory().parameters())) if mode == "kept" else 0)
+        assert all(entry["momentum_buffer"].abs().sum() > 0 for entry in kept.values())
+    with pytest.raises(ValueError, match="client_optimizer_state"):
+        get_algorithm("fedadg").hyperparameters(client_optimizer_state="kept")
 
 def test_after_step_runs_after_every_optimiser_step():
     """The after-step hook (a momentum encoder's moving average) sees the parameters the step just set."""

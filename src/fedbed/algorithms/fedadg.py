@@ -163,6 +163,7 @@ class FedADGHyperparameters(LocalTrainingHyperparameters):
     client_lr: float = Field(1e-3, gt=0)
     client_weight_decay: float = Field(0.0, ge=0)
     client_momentum: float = Field(0.0, ge=0, lt=1)
+    client_optimizer_state: Literal["fresh"] = "fresh"  # three optimisers of its own each round (train_round)
     generator_lr: float = Field(7e-4, gt=0)
     discriminator_lr: float = Field(7e-4, gt=0)
     classification_epochs: int = Field(3, ge=0)

@@ -42,6 +42,10 @@ from fedbed.seeding import derive_seed
 LearningRateSchedule = Literal["constant", "cosine", "step"]
 """The client learning-rate schedules (:func:`round_hyperparameters`)."""
 
+OPTIMIZER_STATE_KEY = "optimizer_state"
+"""The entry of a client's persistent state that holds its optimiser's per-parameter state under
+``client_optimizer_state: kept`` (:func:`train_locally`)."""
+
 
 class LocalTrainingHyperparameters(Hyperparameters):
     """The client optimiser, shared by every method.
@@ -74,6 +78,12 @@ class LocalTrainingHyperparameters(Hyperparameters):
             (0.8: the authors' ``StepLR(step_size=int(0.8 × total epochs))``, one tenth of the
             rate for the last 20% of the rounds).
         client_lr_step_factor: the ``step`` schedule's multiplier (γ; the authors' 0.1).
+        client_optimizer_state: ``fresh``: a new optimiser every round, as FedAvg's client
+            update is written (McMahan et al. 2017, Algorithm 1) and the papers' algorithms
+            read; or ``kept``: each client's optimiser state (SGD's momentum buffers, Adam's
+            moments and step count) carried from its previous round in its persistent state
+            (:func:`train_locally`'s ``kept_state``), as FedDG-GA's and FedOMG's code builds one
+            SGD per site for the whole run (``utils/trainval_func.py``, ``GetFedModel``).
     """
 
     client_optimizer: Literal["adam", "sgd"] = "adam"
@@ -84,6 +94,7 @@ class LocalTrainingHyperparameters(Hyperparameters):
     client_final_lr: float = Field(1e-4, gt=0)
     client_lr_step_fraction: float = Field(0.8, gt=0, le=1)
     client_lr_step_factor: float = Field(0.1, gt=0, le=1)
+    client_optimizer_state: Literal["fresh", "kept"] = "fresh"
 
     search_space: ClassVar[SearchSpaceDeclaration] = {
         "client_lr": LogUniform(10 ** -4.5, 10 ** -2.5, source=(
@@ -224,6 +235,7 @@ def train_locally(
     before_step: Callable[[torch.optim.Optimizer], None] | None = None,
     after_step: Callable[[], None] | None = None,
     precision: str | None = None,
+    kept_state: dict[str, Any] | None = None,
     **batch_options: Any,
 ) -> float:
     """Minimise ``batch_loss(batch)`` on ``data`` for the budget with one optimiser.
@@ -245,6 +257,12 @@ def train_locally(
         precision: ``bf16`` or ``fp16``: ``batch_loss`` runs under ``torch.autocast``
             (:func:`fedbed.federation.devices.autocast`), with a gradient scaler for ``fp16``;
             ``fp32`` or ``None``: as written.
+        kept_state: the client's persistent state (the round's copy) when the optimiser's state
+            carries over between rounds (``client_optimizer_state: kept``): the per-parameter
+            state of ``optimizer.state_dict()`` is loaded from ``kept_state[OPTIMIZER_STATE_KEY]``
+            before the first step, when there, and stored there after the last (the parameters
+            in the same order every round); the learning rate and the other settings stay this
+            round's ``hparams``. ``None``: a fresh optimiser.
         batch_options: passed to :func:`run_batches` (augmentation, its seed, the device).
 
     Returns:
@@ -252,6 +270,9 @@ def train_locally(
     """
     model.train()
     optimizer = make_optimizer([*model.parameters(), *extra_parameters], hparams)
+    if kept_state is not None and OPTIMIZER_STATE_KEY in kept_state:
+        optimizer.load_state_dict({"state": kept_state[OPTIMIZER_STATE_KEY],
+                                   "param_groups": optimizer.state_dict()["param_groups"]})
     device = batch_options.get("device", HOST)
     scaler = gradient_scaler(device, precision)
 
@@ -275,7 +296,10 @@ def train_locally(
             after_step()
         return float(loss.detach())
 
-    return run_batches(data, budget, generator, step, **batch_options)[0]
+    loss = run_batches(data, budget, generator, step, **batch_options)[0]
+    if kept_state is not None:
+        kept_state[OPTIMIZER_STATE_KEY] = optimizer.state_dict()["state"]
+    return loss
 
 
 AUGMENTATION_PURPOSE = 0xA5
@@ -413,6 +437,7 @@ class LocalTrainer(ClientTrainer):
         loss = train_locally(model, data, hparams, self.budget, generator,
                              lambda batch: self.batch_loss(model, batch, payload, state), local,
                              before_step=self.before_step, after_step=self.after_step, precision=self.precision,
+                             kept_state=state if hparams.client_optimizer_state == "kept" else None,
                              **self.batch_options(payload))
         for tensor in local:
             tensor.requires_grad_(False)
