@@ -98,9 +98,10 @@ def test_the_batch_loss_sees_payload_batch_and_client_state():
     assert reply.metrics["loss"] == 0.0
 
 
-def test_the_cosine_schedule_sets_each_rounds_learning_rate():
-    """Round 1 of a cosine schedule trains exactly as the constant rate ``client_lr`` and the
-    last round exactly as the constant rate ``client_final_lr``; a middle round logs its rate."""
+def one_round_trainer(rounds: int):
+    """``(trained, sent)``: ``trained(round_number, **hparams)`` is the reply of one round of
+    FedAvg's SGD client of a ``rounds``-round run, from the same model ``sent``, data and batch
+    order whatever the round."""
     fedavg = get_algorithm("fedavg")
     context = AlgorithmContext(lambda: small_model((1, 8, 8), 2), TrainingBudget(batch_size=8, local_steps=3), seed=0)
     torch.manual_seed(0)
@@ -109,7 +110,15 @@ def test_the_cosine_schedule_sets_each_rounds_learning_rate():
 
     def trained(round_number: int, **hparams):
         trainer = SupervisedTrainer(fedavg.hyperparameters(client_optimizer="sgd", **hparams), context)
-        return trainer.fit(Payload(dict(sent), {"batch_seed": 7, "round": round_number, "rounds": 5}), data, {})
+        return trainer.fit(Payload(dict(sent), {"batch_seed": 7, "round": round_number, "rounds": rounds}), data, {})
+
+    return trained, sent
+
+
+def test_the_cosine_schedule_sets_each_rounds_learning_rate():
+    """Round 1 of a cosine schedule trains exactly as the constant rate ``client_lr`` and the
+    last round exactly as the constant rate ``client_final_lr``; a middle round logs its rate."""
+    trained, sent = one_round_trainer(rounds=5)
 
     cosine = dict(client_lr_schedule="cosine", client_lr=0.1, client_final_lr=0.01)
     first, last, middle = trained(1, **cosine), trained(5, **cosine), trained(3, **cosine)
@@ -120,7 +129,6 @@ def test_the_cosine_schedule_sets_each_rounds_learning_rate():
         assert "lr" not in constant.metrics
         assert all(torch.equal(scheduled.arrays[name], constant.arrays[name]) for name in sent)
     assert not torch.equal(first.arrays["classifier.weight"], last.arrays["classifier.weight"])
-
 
 
 def test_the_step_schedule_divides_the_rate_after_each_period():
@@ -137,15 +145,7 @@ def test_the_step_schedule_divides_the_rate_after_each_period():
 
 def test_a_step_decayed_round_trains_as_the_constant_decayed_rate():
     """A round of the ``step`` schedule trains exactly as the constant rate it names and logs it."""
-    fedavg = get_algorithm("fedavg")
-    context = AlgorithmContext(lambda: small_model((1, 8, 8), 2), TrainingBudget(batch_size=8, local_steps=3), seed=0)
-    torch.manual_seed(0)
-    sent = {name: tensor.clone() for name, tensor in small_model((1, 8, 8), 2).state_dict().items()}
-    data = client_data()
-
-    def trained(round_number: int, **hparams):
-        trainer = SupervisedTrainer(fedavg.hyperparameters(client_optimizer="sgd", **hparams), context)
-        return trainer.fit(Payload(dict(sent), {"batch_seed": 7, "round": round_number, "rounds": 10}), data, {})
+    trained, sent = one_round_trainer(rounds=10)
 
     step = dict(client_lr_schedule="step", client_lr=0.1, client_lr_step_fraction=0.8, client_lr_step_factor=0.5)
     before, after = trained(8, **step), trained(9, **step)
