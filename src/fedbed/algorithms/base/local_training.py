@@ -81,9 +81,10 @@ class LocalTrainingHyperparameters(Hyperparameters):
         client_optimizer_state: ``fresh``: a new optimiser every round, as FedAvg's client
             update is written (McMahan et al. 2017, Algorithm 1) and the papers' algorithms
             read; or ``kept``: each client's optimiser state (SGD's momentum buffers, Adam's
-            moments and step count) carried from its previous round in its persistent state
-            (:func:`train_locally`'s ``kept_state``), as FedDG-GA's and FedOMG's code builds one
-            SGD per site for the whole run (``utils/trainval_func.py``, ``GetFedModel``).
+            moments and step count) carried from the last round it trained in, in its
+            persistent state (:func:`train_locally`'s ``kept_state``), as FedDG-GA's and
+            FedOMG's code builds one SGD per site for the whole run (``utils/trainval_func.py``,
+            ``GetFedModel``).
     """
 
     client_optimizer: Literal["adam", "sgd"] = "adam"
