@@ -11,6 +11,7 @@ from fedbed.algorithms import get_algorithm
 from fedbed.algorithms.base.local_training import (
     OPTIMIZER_STATE_KEY,
     SupervisedTrainer,
+    load_kept_optimizer_state,
     run_batches,
     step_learning_rate,
     train_locally,
@@ -140,7 +141,11 @@ def test_the_step_schedule_divides_the_rate_after_each_period():
     assert [step_learning_rate(t, 10, 1.0, 0.3, 0.5) for t in range(1, 11)] == [1, 1, 1, 0.5, 0.5, 0.5, 0.25, 0.25, 0.25, 0.125]
     assert step_learning_rate(29, 100, 1.0, 0.29, 0.1) == 1.0  # int(0.29 * 100) would be 28: round 29 decayed
     assert step_learning_rate(30, 100, 1.0, 0.29, 0.1) == pytest.approx(0.1)
-    assert step_learning_rate(2, 2, 1.0, 0.1, 0.1) == pytest.approx(0.1)  # a period shorter than a round is one round
+    # a period of 0.2 rounds (one epoch of five): five decays by round 2's start, as the code's StepLR
+    assert step_learning_rate(2, 2, 1.0, 0.1, 0.1) == pytest.approx(1e-5)
+    # 0.8 of 41 rounds = 32.8: the code (5 epochs) decays at epoch 164, inside round 33, so here from round 34
+    assert [step_learning_rate(t, 41, 1.0, 0.8, 0.1) for t in (33, 34)] == pytest.approx([1.0, 0.1])
+    assert [step_learning_rate(t, 7, 1.0, 0.3, 0.1) for t in (3, 4, 5, 7)] == pytest.approx([1.0, 0.1, 0.1, 0.01])  # 2.1 rounds
 
 
 def test_a_step_decayed_round_trains_as_the_constant_decayed_rate():
@@ -211,6 +216,9 @@ def test_the_trainer_keeps_the_optimiser_state_in_the_client_state_only_when_ask
         assert all(entry["momentum_buffer"].abs().sum() > 0 for entry in kept.values())
     with pytest.raises(ValueError, match="client_optimizer_state"):
         get_algorithm("fedadg").hyperparameters(client_optimizer_state="kept")
+    optimizer = torch.optim.SGD(context.model_factory().parameters(), lr=0.1, momentum=0.9)
+    with pytest.raises(ValueError, match="does not fit"):  # the buffers of another model's tensors
+        load_kept_optimizer_state(optimizer, {0: {"momentum_buffer": torch.zeros(3)}})
 
 def test_after_step_runs_after_every_optimiser_step():
     """The after-step hook (a momentum encoder's moving average) sees the parameters the step just set."""

@@ -3,7 +3,8 @@ one, and on disk in the run folder when there are many clients.
 
 A method's trainer may keep a per-client state between rounds (FedEMA's own model, FedADG's
 discriminator, FedSR's prior, the self-supervised methods' queues; see
-:meth:`fedbed.federation.strategy.ClientTrainer.fit`); FedAvg's keeps none. :class:`ClientStates`
+:meth:`fedbed.federation.strategy.ClientTrainer.fit`); FedAvg's keeps none (unless its
+``client_optimizer_state`` is ``kept``: then its optimiser's buffers). :class:`ClientStates`
 holds them for :class:`fedbed.federation.transport.InProcessClients`:
 
 - A client whose state is empty after its fit has nothing kept: a method without client state

@@ -123,17 +123,18 @@ def cosine_learning_rate(round_number: int, rounds: int, initial: float, final: 
 
 def step_learning_rate(round_number: int, rounds: int, initial: float, step_fraction: float, factor: float) -> float:
     """The learning rate of round ``round_number`` (1-based) of ``rounds`` under a step decay:
-    ``initial × factor ** ((t − 1) // P)`` with the period P = ⌊``step_fraction`` × R⌋ rounds
-    (at least 1; the fraction read as the decimal it prints as, so 0.29 × 100 is 29, not 28).
+    ``initial × factor ** ⌊(t − 1) / (f R)⌋``, one decay after every ``step_fraction`` f of the R
+    rounds (f read as the decimal it prints as, exactly: 0.29 × 100 is 29 rounds, not 28.999...).
 
     FedDG-GA's and FedOMG's code (``--lr_policy step``, ``utils/trainval_func.py``): each client's
     ``StepLR(step_size=int(0.8 × local_epochs × comm), gamma=0.1)``, stepped after every local
-    epoch; read per round here, which equals it wherever 0.8 × comm is a whole number of rounds
-    (40 → the learning rate / 10 from round 33 on, 100 → from round 81 on); otherwise the decay
-    starts at the next round's start, not inside a round.
+    epoch. Read per round here: equal to it at every round's start wherever f × local epochs × R
+    is a whole number of epochs (40 or 100 rounds at 0.8: the learning rate / 10 from round 33,
+    from round 81); a decay the code makes inside a round starts here at the next round's start.
     """
-    period = max(1, math.floor(Fraction(repr(step_fraction)) * rounds))
-    return initial * factor ** ((round_number - 1) // period)
+    fraction = Fraction(repr(step_fraction))
+    decays = ((round_number - 1) * fraction.denominator) // (fraction.numerator * rounds)
+    return initial * factor ** decays
 
 
 def round_hyperparameters(hparams: LocalTrainingHyperparameters, payload: Payload) -> LocalTrainingHyperparameters:
@@ -272,8 +273,7 @@ def train_locally(
     model.train()
     optimizer = make_optimizer([*model.parameters(), *extra_parameters], hparams)
     if kept_state is not None and OPTIMIZER_STATE_KEY in kept_state:
-        optimizer.load_state_dict({"state": kept_state[OPTIMIZER_STATE_KEY],
-                                   "param_groups": optimizer.state_dict()["param_groups"]})
+        load_kept_optimizer_state(optimizer, kept_state[OPTIMIZER_STATE_KEY])
     device = batch_options.get("device", HOST)
     scaler = gradient_scaler(device, precision)
 
@@ -301,6 +301,27 @@ def train_locally(
     if kept_state is not None:
         kept_state[OPTIMIZER_STATE_KEY] = optimizer.state_dict()["state"]
     return loss
+
+
+def load_kept_optimizer_state(optimizer: torch.optim.Optimizer, kept: dict[int, dict[str, Any]]) -> None:
+    """Load the per-parameter state a client kept from its last round (``client_optimizer_state:
+    kept``) into this round's fresh ``optimizer``, keeping the optimiser's own settings (this
+    round's learning rate). The kept tensors go to the host first; torch moves each buffer to its
+    parameter's device (Adam's ``step`` counts stay on the host, as torch keeps them).
+
+    Raises:
+        ValueError: the kept state does not fit the optimiser's parameters (another number of
+            parameters, or a buffer of another shape than its parameter): the method's trained
+            tensors changed between rounds.
+    """
+    parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+    for index, entry in kept.items():
+        shapes = {tuple(value.shape) for value in entry.values() if isinstance(value, torch.Tensor) and value.dim() > 0}
+        if index >= len(parameters) or shapes - {tuple(parameters[index].shape)}:
+            raise ValueError(f"the client's kept optimiser state does not fit this round's {len(parameters)} trained "
+                             f"tensors (entry {index}): the trained tensors changed between rounds; "
+                             "use client_optimizer_state: fresh")
+    optimizer.load_state_dict({"state": to_host(kept), "param_groups": optimizer.state_dict()["param_groups"]})
 
 
 AUGMENTATION_PURPOSE = 0xA5
