@@ -220,6 +220,7 @@ def test_the_trainer_keeps_the_optimiser_state_in_the_client_state_only_when_ask
     with pytest.raises(ValueError, match="does not fit"):  # the buffers of another model's tensors
         load_kept_optimizer_state(optimizer, {0: {"momentum_buffer": torch.zeros(3)}})
 
+
 def test_after_step_runs_after_every_optimiser_step():
     """The after-step hook (a momentum encoder's moving average) sees the parameters the step just set."""
     torch.manual_seed(0)
