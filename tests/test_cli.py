@@ -179,6 +179,13 @@ def test_resume_and_run_directory_guards(tmp_path):
     assert runner.invoke(app, base).exit_code == 0
     result = runner.invoke(app, [*base, "--resume", "--algorithm", "ppdg"])
     assert result.exit_code == 2 and "settings differ (algorithm: 'fedavg' there, 'ppdg' here" in result.output
+    # A run started before a hyperparameter existed: the refusal names the nested key, not the whole hp.
+    recorded = yaml.safe_load((run_dir / "config.yaml").read_text())
+    older = {**recorded, "hp": {k: v for k, v in recorded["hp"].items() if k != "client_optimizer_state"}}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(older))
+    result = runner.invoke(app, [*base, "--resume", "--rounds", "2"])
+    assert result.exit_code == 2 and "(hp.client_optimizer_state: absent there, 'fresh' here)" in result.output
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(recorded))
     # A finished run whose checkpoint was deleted (to save disk): --resume refuses, keeping its results.
     summary = (run_dir / "summary.json").read_text()
     (run_dir / "checkpoint.pt").write_bytes(b"not a checkpoint")  # damaged, or from another version of the code

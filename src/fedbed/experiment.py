@@ -88,10 +88,37 @@ def recorded_settings(config: ExperimentConfig, model_name: str, hparams: Any) -
 
 def settings_differences(run_dir: Path, resolved: dict[str, Any], allowed: frozenset[str]) -> list[str]:
     """How the run recorded in ``run_dir`` differs from ``resolved`` outside the ``allowed``
-    settings, one ``"key: <there> there, <here> here"`` per setting (empty when they agree)."""
+    top-level settings, one ``"key: <there> there, <here> here"`` per differing value (empty when
+    they agree).
+
+    Nested mappings (``hp``, ``flower``) are compared key by key and named by their dotted path
+    (``hp.client_lr: 0.01 there, 0.001 here``). A key one side lacks counts as ``None`` (a setting
+    added to FedBed with a ``None`` default does not stop older runs from resuming) and is shown as
+    ``absent``: how a setting added to FedBed after the recorded run was started shows.
+    """
     stored = yaml.safe_load((run_dir / CONFIG_NAME).read_text()) if (run_dir / CONFIG_NAME).exists() else {}
-    return [f"{key}: {stored.get(key)!r} there, {resolved.get(key)!r} here"
-            for key in sorted(set(stored) | set(resolved)) if key not in allowed and stored.get(key) != resolved.get(key)]
+    return _differences(stored, resolved, prefix="", skip=allowed)
+
+
+_ABSENT = object()
+"""A key one side of :func:`_differences` lacks."""
+
+
+def _differences(there: dict[str, Any], here: dict[str, Any], prefix: str, skip: frozenset[str]) -> list[str]:
+    """:func:`settings_differences` below the key path ``prefix``."""
+    def shown(value: Any) -> str:
+        return "absent" if value is _ABSENT else repr(value)
+
+    lines = []
+    for key in sorted(set(there) | set(here)):
+        old, new = there.get(key, _ABSENT), here.get(key, _ABSENT)
+        if key in skip or there.get(key) == here.get(key):
+            continue
+        if isinstance(old, dict) and isinstance(new, dict):
+            lines += _differences(old, new, prefix=f"{prefix}{key}.", skip=frozenset())
+        else:
+            lines.append(f"{prefix}{key}: {shown(old)} there, {shown(new)} here")
+    return lines
 
 
 def check_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool) -> None:
