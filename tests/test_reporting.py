@@ -335,6 +335,21 @@ def test_a_t_test_of_identical_columns_says_why_it_is_undefined():
     assert rows[0][-1] == "p, Holm over 0"  # an undefined test is not one of Holm's m
 
 
+def test_a_baseline_algorithm_under_sweep_variants_is_the_baseline_within_each_variant():
+    from fedbed.reporting import comparison_pairs
+
+    labels = ["fedavg[mix0]", "fedavg[mix1]", "feddg_ga[mix0]", "feddg_ga[mix1]", "fedomg[mix0]"]
+    assert comparison_pairs(labels, ["fedavg"]) == [
+        ("feddg_ga[mix0]", "fedavg[mix0]"), ("feddg_ga[mix1]", "fedavg[mix1]"), ("fedomg[mix0]", "fedavg[mix0]")]
+    # A label named in full is every other label's baseline, as without variants.
+    assert comparison_pairs(labels, ["fedavg[mix0]"])[:2] == [("fedavg[mix1]", "fedavg[mix0]"),
+                                                              ("feddg_ga[mix0]", "fedavg[mix0]")]
+    with pytest.raises(ValueError, match="baseline 'ppdg' is not among the runs' labels"):
+        comparison_pairs(labels, ["ppdg"])
+    with pytest.raises(ValueError, match="baseline 'fedavg' is not among"):
+        comparison_pairs(["fedavg(client_lr=0.1)", "ppdg(client_lr=0.1)"], ["fedavg"])
+
+
 def test_holm_adjusts_by_hand():
     from fedbed.reporting import holm
 

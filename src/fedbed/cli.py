@@ -517,7 +517,8 @@ def report(
     ] = None,
     spread: Annotated[str, typer.Option(help="'std' (over seeds) or 'se' (standard error).")] = "std",
     baseline: Annotated[Optional[list[str]], typer.Option(
-        help="Label to t-test every other label against (repeatable).")] = None,
+        help="Label to t-test every other label against (repeatable); an algorithm run under a sweep's "
+             "variants is the baseline within each variant (feddg_ga[mix0] against fedavg[mix0]).")] = None,
     compare: Annotated[Optional[list[str]], typer.Option(
         help="'LABEL vs BASELINE': one more paired t-test (repeatable).")] = None,
     target: Annotated[Optional[list[str]], typer.Option(help="Show only this target (repeatable; columns in this order).")

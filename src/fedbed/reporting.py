@@ -443,22 +443,43 @@ def comparison_pairs(labels: Sequence[str], baselines: Sequence[str] = (),
     """The (label, baseline) pairs a report t-tests, in order and each once: every label against
     each of ``baselines``, then each ``"A vs B"`` of ``comparisons``.
 
+    A baseline that is not a label but an algorithm run under a sweep's named variants (labels
+    ``fedavg[mix0]``, ``fedavg[mix1]``) is the baseline within each variant: every label of
+    variant ``V`` is paired with ``baseline[V]`` (``feddg_ga[mix0]`` with ``fedavg[mix0]``).
+
     Raises:
-        ValueError: a baseline or a compared label that is not among ``labels``, or a comparison
-            without `` vs ``.
+        ValueError: a baseline that is neither a label nor an algorithm with variant labels, a
+            compared label that is not among ``labels``, or a comparison without `` vs ``.
     """
     def known(label: str, role: str) -> str:
         if label not in labels:
             raise ValueError(f"{role} {label!r} is not among the runs' labels: {', '.join(labels)}")
         return label
 
-    pairs = [(label, known(baseline, "baseline")) for baseline in baselines for label in labels if label != baseline]
+    def against(baseline: str) -> list[tuple[str, str]]:
+        if baseline in labels:
+            return [(label, baseline) for label in labels if label != baseline]
+        within_variants = [(label, f"{baseline}[{variant}]") for label in labels
+                           if (variant := variant_of(label)) is not None and f"{baseline}[{variant}]" in labels
+                           and label != f"{baseline}[{variant}]"]
+        if not within_variants:
+            known(baseline, "baseline")  # raises: neither a label nor an algorithm with variant labels
+        return within_variants
+
+    pairs = [pair for baseline in baselines for pair in against(baseline)]
     for comparison in comparisons:
         method, separator, baseline = comparison.partition(" vs ")
         if not separator:
             raise ValueError(f"--compare expects 'LABEL vs BASELINE', got {comparison!r}")
         pairs.append((known(method.strip(), "compared label"), known(baseline.strip(), "compared label")))
     return list(dict.fromkeys(pairs))
+
+
+def variant_of(label: str) -> str | None:
+    """The sweep variant a run label names (``mix0.1`` of ``fedavg[mix0.1]``, as
+    :func:`fedbed.results.run_label` writes it), or ``None`` for a label without one."""
+    algorithm, bracket, rest = label.partition("[")
+    return rest.partition("]")[0] if bracket and algorithm and "(" not in algorithm and "{" not in algorithm else None
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
