@@ -13,7 +13,9 @@ Under ``protocol: domain_adaptation`` with ``target_adaptation: knowledge_vote``
 4. a target model, starting from the aggregated global model, is trained on the pseudo-labelled
    images with cross-entropy against the hard pseudo-labels (Eq. 10) for the run's local budget
    with the method's client optimiser at its base learning rate (a per-round schedule of the
-   method's clients, such as MCGDM's cosine decay, is not applied to it);
+   method's clients, ``client_lr_schedule`` such as MCGDM's cosine decay, is not applied to it)
+   and a new optimiser every round (``client_optimizer_state: kept`` keeps the source clients'
+   optimiser states, not the target model's);
 5. the global model becomes the sample-weighted average of the source models' average (weight
    Σ n_k) and the target model (weight: the number of pseudo-labelled images), i.e. Eq. 9 with
    the target model as one more client.
