@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.optimize import minimize_scalar
 
-from fedbed.algorithms.base.client_reports import GAP_METRICS, REPORT_GENERALIZATION_GAP, empirical_risk
+from fedbed.algorithms.base.client_reports import GAP_METRICS, GAP_SAMPLES, REPORT_GENERALIZATION_GAP, empirical_risk
 from fedbed.algorithms.base.local_training import SupervisedTrainer
 from fedbed.algorithms.base.model_aggregation import ClientModels
 from fedbed.algorithms.feddg_ga import (
@@ -50,7 +50,7 @@ def models(arrays, round_number, gaps=None):
 @pytest.mark.parametrize("reading", ["paper", "authors_code"])
 def test_generalization_adjustment_over_rounds_by_hand(reading):
     rule = GeneralizationAdjustment(GeneralizationAdjustmentHyperparameters(step_size=0.2, reading=reading), rounds=10)
-    assert rule.client_config() == {REPORT_GENERALIZATION_GAP: 1}
+    assert rule.client_config() == {REPORT_GENERALIZATION_GAP: 1, GAP_SAMPLES: "training"}
     state, telemetry = rule.aggregate(models([1.0, 2.0, 3.0], 1))  # round 1: no gap yet, uniform weights
     assert float(state["w"]) == pytest.approx(2.0) and "generalization_gaps" not in telemetry
     state, telemetry = rule.aggregate(models([1.0, 2.0, 3.0], 2, gaps=[0.3, 0.2, 0.1]))
@@ -87,6 +87,40 @@ def test_a_client_reports_the_gap_between_the_global_model_and_its_previous_mode
     assert global_loss == pytest.approx(float(torch.nn.functional.cross_entropy(logits, data.targets)), rel=1e-6)
     plain = trainer.fit(Payload(arrays=initial, config={"round": 1, "rounds": 2, "batch_seed": 5}), data, {})
     assert GAP_METRICS["loss"] not in plain.metrics  # asked for nothing: reports nothing
+
+
+def test_a_client_asked_for_its_gap_on_the_holdout_scores_its_id_holdout_share(tmp_path):
+    built = build_run(ExperimentConfig(algorithm="feddg_ga", model="lenet", rounds=2, local_steps=2, batch_size=16,
+                                       run_dir=tmp_path, hp={"gap_samples": "holdout"}))
+    trainer, data = built.trainer(), built.client_data(0)
+    holdout = data.holdout
+    assert holdout is not None and len(holdout) > 0
+    # The holdout share is the client's id-evaluation share: the same samples, none of its training samples.
+    assert torch.equal(holdout.images.rows, built.client_holdout(0).images.rows)
+    assert not set(holdout.images.rows.tolist()) & set(data.images.rows.tolist())
+    config = built.algorithm.create_aggregation(built.hparams, built.context).client_config()
+    assert config[GAP_SAMPLES] == "holdout" and config[REPORT_GENERALIZATION_GAP] == 1
+    initial = {k: v.clone() for k, v in built.initial_model.state_dict().items()}
+    state = {}
+    first = trainer.fit(Payload(arrays=initial, config={**config, "round": 1, "rounds": 2, "batch_seed": 5}), data, state)
+    trained = built.context.model_factory()
+    trained.load_state_dict(first.arrays)
+    second = trainer.fit(Payload(arrays=initial, config={**config, "round": 2, "rounds": 2, "batch_seed": 5}), data, state)
+    # By hand: the received model's and the previous local model's mean cross-entropy on the holdout share.
+    def loss_on(model, samples):
+        return float(torch.nn.functional.cross_entropy(samples.outputs_of(model), samples.targets))
+
+    expected = loss_on(built.initial_model, holdout) - loss_on(trained, holdout)
+    assert second.metrics[GAP_METRICS["loss"]] == pytest.approx(expected, rel=1e-6)
+    on_training = loss_on(built.initial_model, data) - loss_on(trained, data)
+    assert second.metrics[GAP_METRICS["loss"]] != pytest.approx(on_training, rel=1e-6)
+    # Data given without a holdout share: the client says what is missing (the engine drops it from the round).
+    bare = type(data)(data.images, data.targets, data.domains, scaling=data.scaling)
+    with pytest.raises(ValueError, match="id-holdout share"):
+        trainer.fit(Payload(arrays=initial, config={**config, "round": 2, "rounds": 2, "batch_seed": 5}), bare, state)
+    with pytest.raises(ValueError, match="choose one of training, holdout"):
+        trainer.fit(Payload(arrays=initial, config={**config, GAP_SAMPLES: "test", "round": 1, "rounds": 2,
+                                                    "batch_seed": 5}), data, {})
 
 
 def test_feddg_ga_resumes_its_weights_exactly(tmp_path, monkeypatch):

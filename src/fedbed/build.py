@@ -221,9 +221,10 @@ class BuiltRun:
         """The run's input scaling (``imagenet`` unless the config says otherwise)."""
         return self.config.input_scaling or "imagenet"
 
-    def data(self, indices: torch.Tensor) -> ClientData:
-        """The dataset's samples at ``indices``, scaled as the run says."""
-        return ClientData.from_dataset(self.dataset, indices, self.input_scaling)
+    def data(self, indices: torch.Tensor, holdout: ClientData | None = None) -> ClientData:
+        """The dataset's samples at ``indices``, scaled as the run says (``holdout``: as
+        :meth:`ClientData.from_dataset`)."""
+        return ClientData.from_dataset(self.dataset, indices, self.input_scaling, holdout=holdout)
 
     @functools.cached_property
     def _present_domains(self) -> frozenset[int]:
@@ -257,14 +258,15 @@ class BuiltRun:
         self.require_domains(tuple(range(len(self.dataset.domain_names))), "a run on one machine (every client and the server)")
 
     def client_data(self, client: int) -> ClientData:
-        """Training data of one client (only its partition).
+        """Training data of one client (only its partition), with its share of the id holdouts
+        beside it as ``holdout`` (:class:`~fedbed.federation.local_data.ClientData`; views, no copy).
 
         Raises:
             ConfigError: this machine does not hold the client's domain (data spread over machines).
         """
         self.require_domains(self.partitions[client].domains, f"client {client}")
         with phase_timings.timed("data", "client", client=client, what="client data"):
-            return self.data(self.partitions[client].indices)
+            return self.data(self.partitions[client].indices, holdout=self.data(self._holdout_shares[client]))
 
     @functools.cached_property
     def _holdout_shares(self) -> list[torch.Tensor]:

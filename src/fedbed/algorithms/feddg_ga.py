@@ -23,7 +23,11 @@ give it (the centring by μ is confirmed by the authors' issue #8). The authors'
 - the gaps are divided by ``max_l |G_l|`` without subtracting their mean (issue #8);
 - the step is ``d (1 − (i − 1)/R) / K`` with the code's round index ``i = t − 2`` (the off-by-one
   decay and the ``1/3`` written for K = 3 sites);
-- the weights are clipped to [0, 1] before renormalising.
+- the weights are clipped to [0, 1] before renormalising;
+- each site scores its gap on its validation split (``dataloader_dict[site]['val']``), where the
+  paper's ``Ê_k`` is the risk on the client's data: ``gap_samples=holdout`` scores it on the
+  client's share of the id-validation holdouts (the samples ``train_domain_val`` selects on),
+  ``training`` (its training samples) is the default. This switch is separate from ``reading``.
 
 The authors' script measures the gap in accuracy (``--fair acc``); ``gap_metric=accuracy``
 does so (local minus global accuracy, in percent), ``loss`` (the paper's risk) is the default.
@@ -41,7 +45,12 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from fedbed.algorithms.base.client_reports import GAP_METRICS, REPORT_GENERALIZATION_GAP
+from fedbed.algorithms.base.client_reports import (
+    GAP_METRICS,
+    GAP_SAMPLE_CHOICES,
+    GAP_SAMPLES,
+    REPORT_GENERALIZATION_GAP,
+)
 from fedbed.algorithms.base.local_training import LocalTrainingHyperparameters, SupervisedAlgorithm
 from fedbed.algorithms.base.model_aggregation import ClientModels, FedAvgStrategy, ModelAggregation
 from fedbed.algorithms.base.registry import AlgorithmContext, register_algorithm
@@ -54,11 +63,16 @@ class GeneralizationAdjustmentHyperparameters(LocalTrainingHyperparameters):
     Attributes:
         step_size: ``d`` in (0, 1]; 0.2 as the authors' scripts.
         gap_metric: ``loss`` (the paper's risk) or ``accuracy`` (the authors' ``--fair acc``).
+        gap_samples: ``training`` (the client's training samples, the paper's ``D̂_k``) or
+            ``holdout`` (its share of the id-validation holdouts, the authors' validation split;
+            a client whose share is empty reports no gap, and a round missing a gap keeps the
+            weights).
         reading: ``paper`` or ``authors_code``.
     """
 
     step_size: float = Field(0.2, gt=0, le=1)
     gap_metric: Literal["loss", "accuracy"] = "loss"
+    gap_samples: Literal[GAP_SAMPLE_CHOICES] = "training"
     reading: Literal["paper", "authors_code"] = "paper"
 
 
@@ -101,7 +115,7 @@ class GeneralizationAdjustment(ModelAggregation):
         self.weights: dict[int, float] = {}
 
     def client_config(self) -> dict[str, Any]:
-        return {REPORT_GENERALIZATION_GAP: 1}
+        return {REPORT_GENERALIZATION_GAP: 1, GAP_SAMPLES: self.hparams.gap_samples}
 
     def reported_metrics(self) -> tuple[str, ...]:
         return (GAP_METRICS[self.hparams.gap_metric],)

@@ -120,17 +120,26 @@ class ClientData(UnlabeledImages):
         targets: ``int64 [n]`` class labels (or ``float32 [n]`` regression targets).
         domains: ``int64 [n]`` domain id of each sample.
         scaling: as :class:`UnlabeledImages`.
+        holdout: the client's share of its source domains' id-validation holdouts
+            (:func:`fedbed.federation.client_evaluation.holdout_shares`), given beside its
+            training samples by :meth:`fedbed.build.BuiltRun.client_data` (keyword only;
+            ``None`` where none was given, and on a :meth:`subset`). Training never reads it; a
+            method may score models on it (FedDG-GA's ``gap_samples: holdout``).
     """
 
     targets: torch.Tensor
     domains: torch.Tensor
+    holdout: ClientData | None = field(default=None, kw_only=True)
 
     @classmethod
-    def from_dataset(cls, dataset: DomainDataset, indices: torch.Tensor, scaling: str = "imagenet") -> "ClientData":
+    def from_dataset(cls, dataset: DomainDataset, indices: torch.Tensor, scaling: str = "imagenet",
+                     holdout: ClientData | None = None) -> "ClientData":
         """Select ``indices`` of ``dataset``: its images are not copied, only their indices are kept
         (:class:`fedbed.data.images.ImageRows`, a view of the dataset's images, mapped or in memory)
-        and a batch gathers its rows; the labels and domain ids (a few bytes a sample) are copied."""
-        return cls(ImageRows(dataset.images, indices), dataset.labels[indices], dataset.domains[indices], scaling=scaling)
+        and a batch gathers its rows; the labels and domain ids (a few bytes a sample) are copied.
+        ``holdout``: the client's id-holdout share (class docstring)."""
+        return cls(ImageRows(dataset.images, indices), dataset.labels[indices], dataset.domains[indices], scaling=scaling,
+                   holdout=holdout)
 
     def subset(self, mask: torch.Tensor | slice) -> "ClientData":
         """The samples selected by a boolean mask, an index tensor or a slice."""

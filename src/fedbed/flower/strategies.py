@@ -28,7 +28,9 @@ model it received (same names, shapes and dtypes), and one ``MetricRecord`` hold
   minus the loss of its own model at the end of its previous round on the same data (both in
   evaluation mode); with ``gap_metric="accuracy"``, ``generalization_gap_accuracy`` = its previous
   model's accuracy minus the received model's, in percent. The train config carries
-  ``report_generalization_gap: 1`` (what FedBed's own clients answer). A client that trained in an
+  ``report_generalization_gap: 1`` (what FedBed's own clients answer) and
+  ``generalization_gap_samples``: ``training``, or ``holdout`` (``gap_samples="holdout"``: both
+  losses on the client's id-validation samples instead of its training data). A client that trained in an
   earlier round and sends no gap stops the run with one ``InconsistentMessageReplies`` naming the
   metric and the nodes; in its first round a client sends none.
 - The other rules read the arrays and the weight only.

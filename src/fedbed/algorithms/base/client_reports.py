@@ -15,9 +15,13 @@ model after it and keeps that risk in the client's state for the next round, and
   model, in percent (the authors' script's ``--fair acc``, sign turned so that a larger gap
   means a global model worse on this client, as with the loss).
 
-A client with no previous local model (its first round) reports no gap. The authors' code scores
-each site's held-out validation split; FedBed's clients score their training samples (the
-paper's ``D̂_k``), since a client's holdout is the id evaluation's.
+A client with no previous local model (its first round) reports no gap. By default the client
+scores its training samples (the paper's ``D̂_k``); when the payload's config carries
+:data:`GAP_SAMPLES` ``"holdout"``, it scores its share of the id-validation holdouts
+(:attr:`ClientData.holdout`), as the authors' code scores each site's validation split
+(``site_evaluation(..., dataloader_dict[site]['val'])`` in ``train_pacs_GA.py``). Those are the
+samples that ``train_domain_val`` model selection reads, so under that reading the selection
+data also steer the aggregation weights (as in the authors' code, which selects on them too).
 """
 
 from __future__ import annotations
@@ -32,6 +36,12 @@ from fedbed.federation.messages import Payload
 REPORT_GENERALIZATION_GAP = "report_generalization_gap"
 """Payload config key: 1 asks the client for its generalization gap."""
 
+GAP_SAMPLES = "generalization_gap_samples"
+"""Payload config key: where the gap is measured, ``"training"`` (absent: the same) or ``"holdout"``."""
+
+GAP_SAMPLE_CHOICES = ("training", "holdout")
+"""The values of :data:`GAP_SAMPLES`: the client's training samples, or its id-holdout share."""
+
 GAP_METRICS = {"loss": "generalization_gap_loss", "accuracy": "generalization_gap_accuracy"}
 """Reply metric of the gap measured in each metric."""
 
@@ -42,6 +52,26 @@ _LOCAL_RISK = "generalization_gap_local_risk"
 def gap_requested(payload: Payload) -> bool:
     """Whether the server asked this client for its generalization gap."""
     return bool(payload.config.get(REPORT_GENERALIZATION_GAP, 0))
+
+
+def gap_samples(payload: Payload, data: ClientData) -> ClientData:
+    """The samples this client measures its gap on: ``data`` itself, or ``data.holdout`` when
+    the payload's config sets :data:`GAP_SAMPLES` to ``"holdout"``.
+
+    Raises:
+        ValueError: an unknown :data:`GAP_SAMPLES` value, or ``"holdout"`` for data given
+            without a holdout share (build client data with :meth:`fedbed.build.BuiltRun.client_data`).
+    """
+    where = payload.config.get(GAP_SAMPLES, "training")
+    if where not in GAP_SAMPLE_CHOICES:
+        raise ValueError(f"{GAP_SAMPLES} is {where!r}; choose one of {', '.join(GAP_SAMPLE_CHOICES)}")
+    if where == "training":
+        return data
+    if data.holdout is None:
+        raise ValueError(f"the server asks for the generalization gap on the client's id-holdout share ({GAP_SAMPLES}: "
+                         "holdout), and this client's data came without one; give it ClientData(..., holdout=...) "
+                         "as fedbed.build.BuiltRun.client_data does")
+    return data.holdout
 
 
 def empirical_risk(model: nn.Module, data: ClientData, task: str) -> tuple[float, float]:

@@ -16,6 +16,7 @@ from torch import nn
 from fedbed.algorithms.base.client_reports import (
     gap_of_received_model,
     gap_requested,
+    gap_samples,
     remember_local_risk,
 )
 from fedbed.algorithms.base.registry import (
@@ -497,12 +498,13 @@ class LocalTrainer(ClientTrainer):
         hparams = self.round_hyperparameters(payload)
         self._logged = {}
         reporting_gap = gap_requested(payload)
-        reported = gap_of_received_model(model, data, self.task, working) if reporting_gap else {}
+        scored = gap_samples(payload, data) if reporting_gap else data
+        reported = gap_of_received_model(model, scored, self.task, working) if reporting_gap else {}
         self.begin_round(model, payload, working)
         loss = self.train_round(model, self.training_data(data), hparams, generator, payload, working)
         self.end_round(model, working)
         if reporting_gap:
-            remember_local_risk(model, data, self.task, working)
+            remember_local_risk(model, scored, self.task, working)
         metrics = {"loss": loss} if hparams is self.hparams else {"loss": loss, "lr": hparams.client_lr}
         metrics.update(reported)
         metrics.update({name: sum(values) / len(values) for name, values in self._logged.items()})
