@@ -307,8 +307,10 @@ def train_locally(
 def load_kept_optimizer_state(optimizer: torch.optim.Optimizer, kept: dict[int, dict[str, Any]]) -> None:
     """Load the per-parameter state a client kept from its last round (``client_optimizer_state:
     kept``) into this round's fresh ``optimizer``, keeping the optimiser's own settings (this
-    round's learning rate). The kept tensors go to the host first; torch moves each buffer to its
-    parameter's device (Adam's ``step`` counts stay on the host, as torch keeps them).
+    round's learning rate). Torch moves each buffer to its parameter's device (no copy for a
+    buffer already there, as the client's state is on the round's device); the 0-dimensional
+    entries (Adam's ``step`` counts) go to the host first, where torch keeps them, so that a step
+    does not wait on a device-to-host read.
 
     Raises:
         ValueError: the kept state does not fit the optimiser's parameters (another number of
@@ -322,7 +324,9 @@ def load_kept_optimizer_state(optimizer: torch.optim.Optimizer, kept: dict[int, 
             raise ValueError(f"the client's kept optimiser state does not fit this round's {len(parameters)} trained "
                              f"tensors (entry {index}): the trained tensors changed between rounds; "
                              "use client_optimizer_state: fresh")
-    optimizer.load_state_dict({"state": to_host(kept), "param_groups": optimizer.state_dict()["param_groups"]})
+    hosted = {index: {key: to_host(value) if isinstance(value, torch.Tensor) and value.dim() == 0 else value
+                      for key, value in entry.items()} for index, entry in kept.items()}
+    optimizer.load_state_dict({"state": hosted, "param_groups": optimizer.state_dict()["param_groups"]})
 
 
 AUGMENTATION_PURPOSE = 0xA5
