@@ -232,3 +232,22 @@ def test_after_step_runs_after_every_optimiser_step():
                   after_step=lambda: seen.append(model.classifier.bias.detach().clone()))
     assert len(seen) == 3 and torch.equal(seen[-1], model.classifier.bias)
     assert not torch.equal(seen[0], seen[1])
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                         reason="needs a CUDA device (none on this machine)"))])
+def test_kept_adam_state_loads_without_copying_its_buffers_and_keeps_step_counts_on_the_host(device):
+    model = nn.Linear(3, 2).to(device)
+    first = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.ones(4, 3, device=device)).sum().backward()
+    first.step()
+    kept = first.state_dict()["state"]
+    fresh = torch.optim.Adam(model.parameters(), lr=0.01)
+    load_kept_optimizer_state(fresh, kept)
+    for index, parameter in enumerate(model.parameters()):
+        loaded = fresh.state[parameter]
+        assert loaded["step"].device.type == "cpu" and float(loaded["step"]) == 1.0
+        for buffer in ("exp_avg", "exp_avg_sq"):  # already on the parameter's device: the same tensor, not a copy
+            assert loaded[buffer].device == parameter.device and loaded[buffer].data_ptr() == kept[index][buffer].data_ptr()
+    assert fresh.param_groups[0]["lr"] == 0.01  # this round's settings, not the kept ones
