@@ -165,6 +165,27 @@ def test_plot_alignment_writes_pngs(tmp_path):
     assert result.exit_code == 0, result.output
 
 
+def test_a_run_recorded_before_a_setting_existed_agrees_with_its_default_and_differs_from_another_value(tmp_path):
+    from fedbed.algorithms import get_algorithm
+    from fedbed.experiment import hyperparameter_defaults, settings_differences
+
+    hparams = get_algorithm("feddg_ga").hyperparameters()
+    defaults = hyperparameter_defaults(hparams)
+    here = {"algorithm": "feddg_ga", "rounds": 4, "hp": hparams.model_dump(mode="json")}
+    older = {"algorithm": "feddg_ga", "rounds": 2, "hp": {k: v for k, v in here["hp"].items()
+                                                          if k not in ("gap_samples", "client_optimizer_state")}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(older))
+    # Both keys the older run lacks are at their defaults here: nothing differs but what is allowed to.
+    assert settings_differences(tmp_path, here, frozenset({"rounds"}), defaults) == []
+    # Another value than the default for a key the run lacks, and a changed value: each named by its path.
+    other = {**here, "hp": {**here["hp"], "gap_samples": "holdout", "client_lr": 0.5}}
+    assert settings_differences(tmp_path, other, frozenset({"rounds"}), defaults) == [
+        f"hp.client_lr: {here['hp']['client_lr']!r} there, 0.5 here", "hp.gap_samples: absent there, 'holdout' here"]
+    # Without the defaults, a key the run lacks agrees only with None.
+    assert settings_differences(tmp_path, here, frozenset({"rounds"})) == [
+        "hp.client_optimizer_state: absent there, 'fresh' here", "hp.gap_samples: absent there, 'training' here"]
+
+
 def test_resume_and_run_directory_guards(tmp_path):
     run_dir = tmp_path / "run"
     result = runner.invoke(app, ["run", "--resume", "--run-dir", str(run_dir)])
@@ -179,13 +200,6 @@ def test_resume_and_run_directory_guards(tmp_path):
     assert runner.invoke(app, base).exit_code == 0
     result = runner.invoke(app, [*base, "--resume", "--algorithm", "ppdg"])
     assert result.exit_code == 2 and "settings differ (algorithm: 'fedavg' there, 'ppdg' here" in result.output
-    # A run started before a hyperparameter existed: the refusal names the nested key, not the whole hp.
-    recorded = yaml.safe_load((run_dir / "config.yaml").read_text())
-    older = {**recorded, "hp": {k: v for k, v in recorded["hp"].items() if k != "client_optimizer_state"}}
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(older))
-    result = runner.invoke(app, [*base, "--resume", "--rounds", "2"])
-    assert result.exit_code == 2 and "(hp.client_optimizer_state: absent there, 'fresh' here)" in result.output
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(recorded))
     # A finished run whose checkpoint was deleted (to save disk): --resume refuses, keeping its results.
     summary = (run_dir / "summary.json").read_text()
     (run_dir / "checkpoint.pt").write_bytes(b"not a checkpoint")  # damaged, or from another version of the code

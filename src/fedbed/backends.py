@@ -50,12 +50,12 @@ def check_before_running(config: ExperimentConfig | ValidatedConfig, backend: st
     check_backend_options(backend)
     validated = as_validated(config)
     if check_folder:
-        from fedbed.experiment import check_run_dir, recorded_settings
+        from fedbed.experiment import check_run_dir, hyperparameter_defaults, recorded_settings
 
         settings = validated.config
         check_run_dir(settings.resolved_run_dir(),
                       recorded_settings(settings, settings.model or validated.dataset.default_model, validated.hparams),
-                      resume)
+                      resume, hyperparameter_defaults(validated.hparams))
     return validated
 
 

@@ -66,6 +66,7 @@ __all__ = [
     "check_run_dir",
     "config_from_mapping",
     "execute_run",
+    "hyperparameter_defaults",
     "load_config_file",
     "prepare_run_dir",
     "recorded_settings",
@@ -86,25 +87,35 @@ def recorded_settings(config: ExperimentConfig, model_name: str, hparams: Any) -
     return {**config.model_dump(mode="json"), "model": model_name, "hp": hparams.model_dump(mode="json")}
 
 
-def settings_differences(run_dir: Path, resolved: dict[str, Any], allowed: frozenset[str]) -> list[str]:
+def hyperparameter_defaults(hparams: Any) -> dict[str, Any]:
+    """The defaults of ``hparams``' class as :func:`recorded_settings` records values
+    (``{"hp": {name: default}}``, JSON types), for :func:`settings_differences`."""
+    return {"hp": type(hparams).model_construct().model_dump(mode="json")}
+
+
+def settings_differences(run_dir: Path, resolved: dict[str, Any], allowed: frozenset[str],
+                         defaults: dict[str, Any] | None = None) -> list[str]:
     """How the run recorded in ``run_dir`` differs from ``resolved`` outside the ``allowed``
     top-level settings, one ``"key: <there> there, <here> here"`` per differing value (empty when
     they agree).
 
     Nested mappings (``hp``, ``flower``) are compared key by key and named by their dotted path
-    (``hp.client_lr: 0.01 there, 0.001 here``). A key one side lacks counts as ``None`` (a setting
-    added to FedBed with a ``None`` default does not stop older runs from resuming) and is shown as
-    ``absent``: how a setting added to FedBed after the recorded run was started shows.
+    (``hp.client_lr: 0.01 there, 0.001 here``). A key the recorded run lacks is a setting added to
+    FedBed after it was started; FedBed adds a setting with a default that keeps the old
+    behaviour, so the key agrees when its value here is ``None`` or its entry in ``defaults``
+    (same nesting as ``resolved``: :func:`hyperparameter_defaults`), and is shown as ``absent``
+    otherwise.
     """
     stored = yaml.safe_load((run_dir / CONFIG_NAME).read_text()) if (run_dir / CONFIG_NAME).exists() else {}
-    return _differences(stored, resolved, prefix="", skip=allowed)
+    return _differences(stored, resolved, defaults or {}, prefix="", skip=allowed)
 
 
 _ABSENT = object()
 """A key one side of :func:`_differences` lacks."""
 
 
-def _differences(there: dict[str, Any], here: dict[str, Any], prefix: str, skip: frozenset[str]) -> list[str]:
+def _differences(there: dict[str, Any], here: dict[str, Any], defaults: dict[str, Any], prefix: str,
+                 skip: frozenset[str]) -> list[str]:
     """:func:`settings_differences` below the key path ``prefix``."""
     def shown(value: Any) -> str:
         return "absent" if value is _ABSENT else repr(value)
@@ -112,16 +123,17 @@ def _differences(there: dict[str, Any], here: dict[str, Any], prefix: str, skip:
     lines = []
     for key in sorted(set(there) | set(here)):
         old, new = there.get(key, _ABSENT), here.get(key, _ABSENT)
-        if key in skip or there.get(key) == here.get(key):
+        if key in skip or there.get(key) == here.get(key) or (old is _ABSENT and key in defaults and new == defaults[key]):
             continue
         if isinstance(old, dict) and isinstance(new, dict):
-            lines += _differences(old, new, prefix=f"{prefix}{key}.", skip=frozenset())
+            below = defaults.get(key) if isinstance(defaults.get(key), dict) else {}
+            lines += _differences(old, new, below, prefix=f"{prefix}{key}.", skip=frozenset())
         else:
             lines.append(f"{prefix}{key}: {shown(old)} there, {shown(new)} here")
     return lines
 
 
-def check_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool) -> None:
+def check_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool, defaults: dict[str, Any] | None = None) -> None:
     """Whether a run with settings ``resolved`` may use ``run_dir``, checked before anything
     is written or started.
 
@@ -131,7 +143,8 @@ def check_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool) -> None
     folder holding a run whose settings equal ``resolved`` except for
     :data:`RESUMABLE_CHANGES`, with its checkpoint, or without one when it was stopped before its
     first round ended (:func:`prepare_run_dir` then starts it over; a run with finished rounds
-    but no checkpoint is refused, never wiped).
+    but no checkpoint is refused, never wiped). ``defaults``: :func:`hyperparameter_defaults`,
+    the values that agree with a setting the recorded run predates (:func:`settings_differences`).
 
     Raises:
         ConfigError: a non-empty folder that is not a run, a finished run or an earlier run
@@ -142,7 +155,7 @@ def check_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool) -> None
         if not (run_dir / CHECKPOINT_NAME).exists() and not (run_dir / CONFIG_NAME).exists():
             raise ConfigError(f"cannot resume: {run_dir} holds no run to continue ({CHECKPOINT_NAME} does not exist); "
                               "run without --resume")
-        changed = settings_differences(run_dir, resolved, RESUMABLE_CHANGES)
+        changed = settings_differences(run_dir, resolved, RESUMABLE_CHANGES, defaults)
         if changed:
             raise ConfigError(
                 f"cannot resume {run_dir}: its settings differ ({'; '.join(changed)}); only "
@@ -158,7 +171,8 @@ def check_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool) -> None
     if run_dir.exists() and any(run_dir.iterdir()):
         if not holds_a_run(run_dir):
             raise ConfigError(f"{run_dir} is not empty and holds no FedBed run; choose another --run-dir")
-        changed = settings_differences(run_dir, resolved, PLACEMENT_SETTINGS) if (run_dir / CONFIG_NAME).exists() else []
+        changed = (settings_differences(run_dir, resolved, PLACEMENT_SETTINGS, defaults)
+                   if (run_dir / CONFIG_NAME).exists() else [])
         if changed:
             raise ConfigError(f"{run_dir} holds a run with other settings ({'; '.join(changed)}); choose another "
                               "--run-dir, or pass --overwrite to replace it")
@@ -185,7 +199,8 @@ def remove_run(run_dir: Path) -> None:
     shutil.rmtree(run_dir)
 
 
-def prepare_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool, echo) -> bool:
+def prepare_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool, echo,
+                    defaults: dict[str, Any] | None = None) -> bool:
     """Check the run directory (:func:`check_run_dir`) and create it: an unfinished earlier run
     with the same settings is replaced (and the replacement said), a resumed one kept; return
     whether the run resumes (``False`` for ``resume`` of a run stopped before its first
@@ -194,7 +209,7 @@ def prepare_run_dir(run_dir: Path, resolved: dict[str, Any], resume: bool, echo)
     Raises:
         ConfigError: see :func:`check_run_dir`.
     """
-    check_run_dir(run_dir, resolved, resume)
+    check_run_dir(run_dir, resolved, resume, defaults)
     if resume and not (run_dir / CHECKPOINT_NAME).exists():
         echo(f"nothing to resume in {run_dir}: it stopped before its first round ended; starting it over")
         resume = False
@@ -305,7 +320,7 @@ def execute_run(built: BuiltRun, federation: Federation, *, resume: bool = False
             echo(f"evaluation: {statement[key]}")
     run_dir = config.resolved_run_dir()
     resolved = recorded_settings(config, built.model_name, built.hparams)
-    resume = prepare_run_dir(run_dir, resolved, resume, echo)
+    resume = prepare_run_dir(run_dir, resolved, resume, echo, hyperparameter_defaults(built.hparams))
     began_on = [start["data_fingerprint"] for start in read_starts(run_dir) if "data_fingerprint" in start] if resume else []
     if began_on and began_on[-1] != dataset.fingerprint:
         raise ConfigError(f"cannot resume {run_dir}: it ran on other data (fingerprint {began_on[-1]}) than this "
