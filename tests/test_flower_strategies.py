@@ -137,6 +137,7 @@ def test_each_strategy_equals_fedbeds_own_server_on_the_same_replies(rule, serve
         messages = strategy.configure_train(round_number, arrays, config, NodesOnly(NODES))
         assert sorted(m.metadata.dst_node_id for m in messages) == NODES
         assert ("report_generalization_gap" in config) == (rule == "feddg_ga")  # what FedBed's clients answer
+        assert config.get("generalization_gap_samples") == ("training" if rule == "feddg_ga" else None)
         messages = [reply_message(node, reply.arrays, {"num-examples": reply.num_examples, **reply.metrics})
                     for node, reply in reversed(replies.items())]  # in any order
         arrays, metrics = strategy.aggregate_train(round_number, messages)
@@ -240,6 +241,7 @@ def test_a_round_the_rule_cannot_take_keeps_the_model_and_replies_must_fit_it(ca
     ("median", {"trimmed_fraction": 0.1}, "median has no hyperparameter 'trimmed_fraction'"),
     ("trimmed_mean", {"trimmed_fraction": 0.5}, r"trimmed_fraction must lie in \(0, 0.5\)"),
     ("fedomg", {"search_radius": -1}, "search_radius"),
+    ("feddg_ga", {"gap_samples": "test"}, "gap_samples"),
 ])
 def test_what_no_strategy_can_be_is_refused_in_one_line(rule, options, message):
     with pytest.raises(AlgorithmError, match=message) as error:

@@ -348,6 +348,10 @@ def test_a_baseline_algorithm_under_sweep_variants_is_the_baseline_within_each_v
         comparison_pairs(labels, ["ppdg"])
     with pytest.raises(ValueError, match="baseline 'fedavg' is not among"):
         comparison_pairs(["fedavg(client_lr=0.1)", "ppdg(client_lr=0.1)"], ["fedavg"])
+    # A grid's or a warm start's label keeps its variant; a label without a variant is not paired.
+    assert comparison_pairs(["fedavg[mix0]", "feddg_ga[mix0](step_size=0.1)", "feddg_ga[mix0]{from fedavg@10}",
+                             "feddg_ga"], ["fedavg"]) == [("feddg_ga[mix0](step_size=0.1)", "fedavg[mix0]"),
+                                                          ("feddg_ga[mix0]{from fedavg@10}", "fedavg[mix0]")]
 
 
 def test_holm_adjusts_by_hand():

@@ -118,6 +118,9 @@ def test_a_client_asked_for_its_gap_on_the_holdout_scores_its_id_holdout_share(t
     bare = type(data)(data.images, data.targets, data.domains, scaling=data.scaling)
     with pytest.raises(ValueError, match="id-holdout share"):
         trainer.fit(Payload(arrays=initial, config={**config, "round": 2, "rounds": 2, "batch_seed": 5}), bare, state)
+    empty = type(data)(data.images, data.targets, data.domains, scaling=data.scaling, holdout=holdout.subset(slice(0, 0)))
+    with pytest.raises(ValueError, match="share is empty"):
+        trainer.fit(Payload(arrays=initial, config={**config, "round": 2, "rounds": 2, "batch_seed": 5}), empty, state)
     with pytest.raises(ValueError, match="choose one of training, holdout"):
         trainer.fit(Payload(arrays=initial, config={**config, GAP_SAMPLES: "test", "round": 1, "rounds": 2,
                                                     "batch_seed": 5}), data, {})

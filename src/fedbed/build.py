@@ -259,7 +259,8 @@ class BuiltRun:
 
     def client_data(self, client: int) -> ClientData:
         """Training data of one client (only its partition), with its share of the id holdouts
-        beside it as ``holdout`` (:class:`~fedbed.federation.local_data.ClientData`; views, no copy).
+        beside it as ``holdout`` (:class:`~fedbed.federation.local_data.ClientData`: views of the
+        images, the labels copied).
 
         Raises:
             ConfigError: this machine does not hold the client's domain (data spread over machines).

@@ -295,7 +295,7 @@ def run_experiment(config: ExperimentConfig | ValidatedConfig, *, resume: bool =
                                ClientStates(len(built.partitions), run_dir / CLIENT_STATES_FOLDER))
     if built.config.id_evaluation == "clients":
         clients.evaluator = built.evaluator()
-        clients.holdouts = [built.client_holdout(k) for k in range(len(built.partitions))]
+        clients.holdouts = [data.holdout for data in clients.data]  # the same shares as client_holdout's
     execute_run(built, built.federation(clients), resume=resume, progress=progress, echo=echo)
     return load_run(run_dir)
 

@@ -445,7 +445,8 @@ def comparison_pairs(labels: Sequence[str], baselines: Sequence[str] = (),
 
     A baseline that is not a label but an algorithm run under a sweep's named variants (labels
     ``fedavg[mix0]``, ``fedavg[mix1]``) is the baseline within each variant: every label of
-    variant ``V`` is paired with ``baseline[V]`` (``feddg_ga[mix0]`` with ``fedavg[mix0]``).
+    variant ``V`` is paired with ``baseline[V]`` (``feddg_ga[mix0]`` with ``fedavg[mix0]``); a
+    label without a variant, or of a variant without ``baseline[V]``, is not tested.
 
     Raises:
         ValueError: a baseline that is neither a label nor an algorithm with variant labels, a
@@ -460,7 +461,7 @@ def comparison_pairs(labels: Sequence[str], baselines: Sequence[str] = (),
         if baseline in labels:
             return [(label, baseline) for label in labels if label != baseline]
         within_variants = [(label, f"{baseline}[{variant}]") for label in labels
-                           if (variant := variant_of(label)) is not None and f"{baseline}[{variant}]" in labels
+                           if (variant := label_variant(label)) is not None and f"{baseline}[{variant}]" in labels
                            and label != f"{baseline}[{variant}]"]
         if not within_variants:
             known(baseline, "baseline")  # raises: neither a label nor an algorithm with variant labels
@@ -475,7 +476,7 @@ def comparison_pairs(labels: Sequence[str], baselines: Sequence[str] = (),
     return list(dict.fromkeys(pairs))
 
 
-def variant_of(label: str) -> str | None:
+def label_variant(label: str) -> str | None:
     """The sweep variant a run label names (``mix0.1`` of ``fedavg[mix0.1]``, as
     :func:`fedbed.results.run_label` writes it), or ``None`` for a label without one."""
     algorithm, bracket, rest = label.partition("[")

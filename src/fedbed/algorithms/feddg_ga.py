@@ -64,9 +64,11 @@ class GeneralizationAdjustmentHyperparameters(LocalTrainingHyperparameters):
         step_size: ``d`` in (0, 1]; 0.2 as the authors' scripts.
         gap_metric: ``loss`` (the paper's risk) or ``accuracy`` (the authors' ``--fair acc``).
         gap_samples: ``training`` (the client's training samples, the paper's ``D̂_k``) or
-            ``holdout`` (its share of the id-validation holdouts, the authors' validation split;
-            a client whose share is empty reports no gap, and a round missing a gap keeps the
-            weights).
+            ``holdout`` (its share of the id-validation holdouts: the authors' validation split
+            where a client holds one domain, as their sites do; under a mixed partition a
+            client's share splits its domains' holdouts equally among their holders, not in the
+            proportions of its training data). A client whose share is empty fails its rounds
+            with the reason (the engine drops it from each round).
         reading: ``paper`` or ``authors_code``.
     """
 

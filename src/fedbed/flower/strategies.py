@@ -93,10 +93,12 @@ ROBUST_RULE_OPTIONS = {"median": {}, "trimmed_mean": {"trimmed_fraction": DEFAUL
 """Each robust rule's hyperparameters and their defaults (``fedbed.algorithms.options.robust_aggregation``)."""
 
 REPORTED_METRIC_MEANINGS = {
-    GAP_METRICS["loss"]: ("the loss of the global model it received, on its training data, minus the loss of its own "
-                          "model at the end of its previous round on the same data"),
+    GAP_METRICS["loss"]: ("the loss of the global model it received, on its training data (its id-validation samples "
+                          "when the train config's 'generalization_gap_samples' is 'holdout'), minus the loss of its "
+                          "own model at the end of its previous round on the same data"),
     GAP_METRICS["accuracy"]: ("the accuracy (percent) of its own model at the end of its previous round, on its "
-                              "training data, minus that of the global model it received"),
+                              "training data (its id-validation samples when the train config's "
+                              "'generalization_gap_samples' is 'holdout'), minus that of the global model it received"),
 }
 """What a client computes for each metric a rule reads (:meth:`ModelAggregation.reported_metrics`)."""
 
@@ -243,7 +245,8 @@ class FedBedStrategy(FedAvg):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         """Flower's FedAvg sampling, with the global model kept (the updates' origin) and what
-        the rule asks every client for in the config (FedDG-GA: ``report_generalization_gap: 1``)."""
+        the rule asks every client for in the config (FedDG-GA: ``report_generalization_gap: 1`` and
+        ``generalization_gap_samples``)."""
         self.current_arrays = arrays_from_record(arrays)
         for key, value in self._rule().client_config().items():
             config[key] = value
@@ -412,7 +415,8 @@ class FedDGGA(FedBedStrategy):
     """FedDG-GA (Zhang et al., CVPR 2023): aggregation weights moved towards the clients with the
     largest generalization gap, by a step decaying over the run's rounds. Every client sends its
     gap from its second round on (module docstring). Hyperparameters ``step_size`` (d, 0.2),
-    ``gap_metric`` (``loss`` or ``accuracy``), ``reading`` (``paper`` or ``authors_code``)."""
+    ``gap_metric`` (``loss`` or ``accuracy``), ``gap_samples`` (``training`` or ``holdout``),
+    ``reading`` (``paper`` or ``authors_code``)."""
 
     def __init__(self, **options: Any) -> None:
         super().__init__("feddg_ga", **options)

@@ -60,7 +60,8 @@ def gap_samples(payload: Payload, data: ClientData) -> ClientData:
 
     Raises:
         ValueError: an unknown :data:`GAP_SAMPLES` value, or ``"holdout"`` for data given
-            without a holdout share (build client data with :meth:`fedbed.build.BuiltRun.client_data`).
+            without a holdout share (build client data with :meth:`fedbed.build.BuiltRun.client_data`)
+            or with an empty one.
     """
     where = payload.config.get(GAP_SAMPLES, "training")
     if where not in GAP_SAMPLE_CHOICES:
@@ -71,6 +72,10 @@ def gap_samples(payload: Payload, data: ClientData) -> ClientData:
         raise ValueError(f"the server asks for the generalization gap on the client's id-holdout share ({GAP_SAMPLES}: "
                          "holdout), and this client's data came without one; give it ClientData(..., holdout=...) "
                          "as fedbed.build.BuiltRun.client_data does")
+    if len(data.holdout) == 0:
+        raise ValueError(f"the server asks for the generalization gap on the client's id-holdout share ({GAP_SAMPLES}: "
+                         "holdout), and this client's share is empty (its domains' holdouts are split among more "
+                         "clients than they have samples); raise holdout_fraction, or use gap_samples: training")
     return data.holdout
 
 
