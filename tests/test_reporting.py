@@ -32,6 +32,13 @@ def test_table_and_pairing():
     table = ood_table(runs, ["a", "b"], ["t1", "t2"], "last")
     assert "| a | 15.0 ± 7.1 | 30.0 | 22.5 |" in table and "± std over seeds" in table
     assert paired_pairs(runs, "a", "b", "last") == ([10, 30], [5, 7])
+    # a's mean, 22.5, weighs t1's two seeds and t2's one alike: a note says so; b's seeds are even.
+    from fedbed.reporting import uneven_seed_notes
+
+    labelled = [{**run, "label": run["algorithm"]} for run in runs]
+    assert uneven_seed_notes(labelled, ["a", "b"], ["t1", "t2"]) == [
+        "uneven seeds: a's mean averages targets run with different numbers of seeds (t1: 2 seeds; t2: 1 seed)"]
+    assert uneven_seed_notes(labelled, ["a", "b"], ["t1"]) == []  # one target: no mean column
 
 
 def test_a_run_without_a_score_under_a_rule_is_a_missing_cell_not_a_failure():

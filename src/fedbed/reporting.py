@@ -116,7 +116,8 @@ def score_table(
     ``"<target>, <rule>"``. With ``per_seed``, each such column is preceded by one per seed of the
     target's runs (``"<target>, seed <s>"``, the run's score) and headed ``"<target>, all seeds"``.
     With more than one target, a "mean" column per rule averages the per-target means (left
-    empty unless every target has runs). A missing cell is "–"."""
+    empty unless every target has runs; :func:`uneven_seed_notes` names a mean over targets with
+    different numbers of seeds). A missing cell is "–"."""
     from fedbed.federation.evaluation import format_score
 
     selections = [selections] if isinstance(selections, str) else list(selections)
@@ -696,6 +697,7 @@ def build_report(
             if run.summary["label"] in labels or select_hparams and run.summary["group"] in labels]
     return Report(selections, tables, summaries, runs,
                   [f"data: {line}" for line in sources] + evaluation_notes(distinct) + collapse_notes(summaries)
+                  + uneven_seed_notes(summaries, labels, targets)
                   + missing_score_notes(summaries, selections) + [note for group, note in choice_notes if group in labels],
                   warnings, unfinished)
 
@@ -732,6 +734,25 @@ def collapse_notes(summaries: list[dict[str, Any]]) -> list[str]:
     return [f"† collapsed: {s['label']}, target {s['target']}, seed {s['seed']}: class {s['collapse']['class']} predicted "
             f"for {s['collapse']['share']:.0%} of the source holdouts from round {s['collapse']['round']}"
             for s in summaries if s.get("collapse")]
+
+
+def uneven_seed_notes(summaries: list[dict[str, Any]], labels: Sequence[str], targets: Sequence[str]) -> list[str]:
+    """One line per label whose "mean" column (:func:`score_table`) averages targets run with
+    different numbers of seeds: a partly run multi-seed sweep weighs each target's mean alike
+    whatever its seeds, so the line names the seeds per target (shown with two or more targets,
+    for labels with runs on every target)."""
+    notes = []
+    for label in labels:
+        seeds = {target: len({s["seed"] for s in summaries if s["label"] == label and s["target"] == target})
+                 for target in targets}
+        if len(targets) > 1 and all(seeds.values()) and len(set(seeds.values())) > 1:
+            by_count: dict[int, list[str]] = {}
+            for target, count in seeds.items():
+                by_count.setdefault(count, []).append(target)
+            listed = "; ".join(f"{', '.join(names)}: {count} seed{'s' if count > 1 else ''}"
+                               for count, names in sorted(by_count.items(), reverse=True))
+            notes.append(f"uneven seeds: {label}'s mean averages targets run with different numbers of seeds ({listed})")
+    return notes
 
 
 def evaluation_notes(summaries: list[dict[str, Any]]) -> list[str]:
