@@ -525,3 +525,23 @@ def test_by_round_tables_show_each_evaluated_round_mean_over_seeds_and_the_chose
     assert result.exit_code == 2 and "--by-round nosuch: no shown run logged a metric of that name; choose ood, id or one of: " \
         "train_loss" in result.output
     assert "Traceback" not in result.output
+
+
+def test_runs_whose_training_read_their_id_holdouts_are_named_once_per_label():
+    """FedDG-GA's gap_samples: holdout scores the gap on the id-validation holdouts that the id
+    score and train_domain_val read: the report names those labels with their run counts, from
+    each run's recorded hp (so runs recorded before the note existed are named too); the default
+    reading and runs without the hyperparameter are not named."""
+    from fedbed.reporting import holdout_steering_notes
+
+    def run(label, seed, **hp):
+        return {"label": label, "target": "t1", "seed": seed, "hp": hp}
+
+    runs = [run("feddg_ga[holdout-gap]", 0, gap_samples="holdout"), run("feddg_ga[holdout-gap]", 1, gap_samples="holdout"),
+            run("fedsr+feddg_ga", 0, gap_samples="holdout", fedsr_l2=0.01), run("feddg_ga", 0, gap_samples="training"),
+            run("fedavg", 0)]
+    notes = holdout_steering_notes(runs)
+    assert [note.split(":")[0] for note in notes] == ["id holdouts read by training (feddg_ga[holdout-gap], 2 runs)",
+                                                       "id holdouts read by training (fedsr+feddg_ga, 1 run)"]
+    assert all("train_domain_val" in note for note in notes)
+    assert holdout_steering_notes([run("feddg_ga", 0, gap_samples="training"), {**run("fedavg", 0), "hp": None}]) == []

@@ -696,7 +696,8 @@ def build_report(
     runs = [run for run in runs
             if run.summary["label"] in labels or select_hparams and run.summary["group"] in labels]
     return Report(selections, tables, summaries, runs,
-                  [f"data: {line}" for line in sources] + evaluation_notes(distinct) + collapse_notes(summaries)
+                  [f"data: {line}" for line in sources] + evaluation_notes(distinct) + holdout_steering_notes(distinct)
+                  + collapse_notes(summaries)
                   + uneven_seed_notes(summaries, labels, targets)
                   + missing_score_notes(summaries, selections) + [note for group, note in choice_notes if group in labels],
                   warnings, unfinished)
@@ -753,6 +754,23 @@ def uneven_seed_notes(summaries: list[dict[str, Any]], labels: Sequence[str], ta
                                for count, names in sorted(by_count.items(), reverse=True))
             notes.append(f"uneven seeds: {label}'s mean averages targets run with different numbers of seeds ({listed})")
     return notes
+
+
+def holdout_steering_notes(summaries: list[dict[str, Any]]) -> list[str]:
+    """One line per label whose runs' training read their id-validation holdouts
+    (:func:`fedbed.algorithms.base.client_reports.holdout_steering`, from each run's recorded
+    ``hp``), with its number of runs: their id scores and ``train_domain_val`` choices are not
+    read on samples training left alone."""
+    from fedbed.algorithms.base.client_reports import holdout_steering
+
+    counts: dict[tuple[str, str], int] = {}
+    for summary in summaries:
+        statement = holdout_steering(summary.get("hp") or {})
+        if statement is not None:
+            key = (summary.get("chosen_label", summary["label"]), statement)
+            counts[key] = counts.get(key, 0) + 1
+    return [f"id holdouts read by training ({label}, {count} run{'s' if count > 1 else ''}): {statement}"
+            for (label, statement), count in counts.items()]
 
 
 def evaluation_notes(summaries: list[dict[str, Any]]) -> list[str]:

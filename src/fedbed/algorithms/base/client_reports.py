@@ -26,6 +26,7 @@ data also steer the aggregation weights (as in the authors' code, which selects 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
@@ -47,6 +48,19 @@ GAP_METRICS = {"loss": "generalization_gap_loss", "accuracy": "generalization_ga
 
 _LOCAL_RISK = "generalization_gap_local_risk"
 """Client-state key: the risk (loss, accuracy) of the client's model at the end of its last round."""
+
+
+def holdout_steering(hparams: Mapping[str, Any]) -> str | None:
+    """What a report says of a run whose recorded hyperparameters (a summary's ``hp``) set
+    ``gap_samples: holdout``, or ``None``: its id-validation holdouts steered the aggregation
+    weights, so its id scores and ``train_domain_val``'s choice of round read samples that shaped
+    the model (module docstring). Read from the record, it covers runs recorded before a report
+    said so."""
+    if hparams.get("gap_samples") != "holdout":
+        return None
+    return ("the generalization gap was scored on the clients' id-validation holdouts (gap_samples: holdout) and set "
+            "the aggregation weights, so the id scores and train_domain_val's choice of round read samples that "
+            "steered training")
 
 
 def gap_requested(payload: Payload) -> bool:
