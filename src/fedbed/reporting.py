@@ -11,6 +11,7 @@ across folders, so a comparison needs no job copied between folders.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -763,12 +764,8 @@ def holdout_steering_notes(summaries: list[dict[str, Any]]) -> list[str]:
     read on samples training left alone."""
     from fedbed.algorithms.base.client_reports import holdout_steering
 
-    counts: dict[tuple[str, str], int] = {}
-    for summary in summaries:
-        statement = holdout_steering(summary.get("hp") or {})
-        if statement is not None:
-            key = (summary.get("chosen_label", summary["label"]), statement)
-            counts[key] = counts.get(key, 0) + 1
+    counts = Counter((summary.get("chosen_label", summary["label"]), statement) for summary in summaries
+                     if (statement := holdout_steering(summary.get("hp") or {})) is not None)
     return [f"id holdouts read by training ({label}, {count} run{'s' if count > 1 else ''}): {statement}"
             for (label, statement), count in counts.items()]
 
