@@ -545,3 +545,20 @@ def test_runs_whose_training_read_their_id_holdouts_are_named_once_per_label():
                                                        "id holdouts read by training (fedsr+feddg_ga, 1 run)"]
     assert all("train_domain_val" in note for note in notes)
     assert holdout_steering_notes([run("feddg_ga", 0, gap_samples="training"), {**run("fedavg", 0), "hp": None}]) == []
+
+
+def test_evaluation_privacy_and_data_lines_count_their_runs_in_first_seen_order():
+    """evaluation_notes gives one line per distinct statement in the order first seen, with "1 run"
+    or "N runs"; a run may add an evaluation and a privacy line; data_sources counts runs per
+    source (sorted) and flags a mix of sources or fingerprints."""
+    from fedbed.reporting import data_sources, evaluation_notes
+
+    probe = {"evaluation": {"note": "linear probe"}, "data_source": "PACS", "data_fingerprint": "aa"}
+    private = {"privacy": {"note": "client-level (2, 1e-05)"}, "data_source": "PACS", "data_fingerprint": "aa"}
+    both = {**probe, "privacy": private["privacy"], "data_source": "MNIST", "data_fingerprint": "bb"}
+    assert evaluation_notes([private, probe, both, probe]) == ["privacy (2 runs): client-level (2, 1e-05)",
+                                                                "evaluation (3 runs): linear probe"]
+    assert evaluation_notes([probe]) == ["evaluation (1 run): linear probe"] and evaluation_notes([{}]) == []
+    assert data_sources([probe, private]) == (["PACS (fingerprint aa): 2 runs"], False)
+    lines, mixed = data_sources([private, both])
+    assert lines == ["MNIST (fingerprint bb): 1 run", "PACS (fingerprint aa): 1 run"] and mixed

@@ -738,6 +738,11 @@ def collapse_notes(summaries: list[dict[str, Any]]) -> list[str]:
             for s in summaries if s.get("collapse")]
 
 
+def _counted(count: int, noun: str) -> str:
+    """``count`` and ``noun`` in words, the noun plural unless ``count`` is 1 ("1 run", "3 runs")."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def uneven_seed_notes(summaries: list[dict[str, Any]], labels: Sequence[str], targets: Sequence[str]) -> list[str]:
     """One line per label whose "mean" column (:func:`score_table`) averages targets run with
     different numbers of seeds: a partly run multi-seed sweep weighs each target's mean alike
@@ -751,7 +756,7 @@ def uneven_seed_notes(summaries: list[dict[str, Any]], labels: Sequence[str], ta
             by_count: dict[int, list[str]] = {}
             for target, count in seeds.items():
                 by_count.setdefault(count, []).append(target)
-            listed = "; ".join(f"{', '.join(names)}: {count} seed{'s' if count > 1 else ''}"
+            listed = "; ".join(f"{', '.join(names)}: {_counted(count, 'seed')}"
                                for count, names in sorted(by_count.items(), reverse=True))
             notes.append(f"uneven seeds: {label}'s mean averages targets run with different numbers of seeds ({listed})")
     return notes
@@ -766,7 +771,7 @@ def holdout_steering_notes(summaries: list[dict[str, Any]]) -> list[str]:
 
     counts = Counter((summary.get("chosen_label", summary["label"]), statement) for summary in summaries
                      if (statement := holdout_steering(summary.get("hp") or {})) is not None)
-    return [f"id holdouts read by training ({label}, {count} run{'s' if count > 1 else ''}): {statement}"
+    return [f"id holdouts read by training ({label}, {_counted(count, 'run')}): {statement}"
             for (label, statement), count in counts.items()]
 
 
@@ -776,15 +781,13 @@ def evaluation_notes(summaries: list[dict[str, Any]]) -> list[str]:
     which reads target labels, or under domain adaptation says so
     (:meth:`fedbed.build.BuiltRun.evaluation_statement`); runs under differential privacy give
     their (ε, δ) (:func:`fedbed.algorithms.options.differential_privacy.privacy_statement`)."""
-    counts: dict[str, int] = {}
+    counts: Counter[str] = Counter()
     for summary in summaries:
         statement = summary.get("evaluation") or {}
-        notes = [f"evaluation ({{}}): {statement[key]}" for key in ("note", "adaptation_note") if key in statement]
+        counts.update(f"evaluation ({{}}): {statement[key]}" for key in ("note", "adaptation_note") if key in statement)
         if summary.get("privacy"):
-            notes.append(f"privacy ({{}}): {summary['privacy']['note']}")
-        for note in notes:
-            counts[note] = counts.get(note, 0) + 1
-    return [note.format(f"{count} run{'s' if count > 1 else ''}") for note, count in counts.items()]
+            counts[f"privacy ({{}}): {summary['privacy']['note']}"] += 1
+    return [note.format(_counted(count, "run")) for note, count in counts.items()]
 
 
 def data_sources(summaries: list[dict[str, Any]]) -> tuple[list[str], bool]:
@@ -793,14 +796,14 @@ def data_sources(summaries: list[dict[str, Any]]) -> tuple[list[str], bool]:
     whether they mix data (more than one source, or more than one fingerprint)."""
     from fedbed.data.base import portable_source
 
-    runs: dict[str, int] = {}
+    runs: Counter[str] = Counter()
     fingerprints: dict[str, set[str]] = {}
     for summary in summaries:
         source = portable_source(summary.get("data_source", "unrecorded"))
-        runs[source] = runs.get(source, 0) + 1
+        runs[source] += 1
         fingerprints.setdefault(source, set()).update([summary["data_fingerprint"]] if summary.get("data_fingerprint") else [])
     lines = [f"{source} (fingerprint {', '.join(sorted(fingerprints[source])) or 'unrecorded'}): "
-             f"{count} run{'s' if count > 1 else ''}" for source, count in sorted(runs.items())]
+             f"{_counted(count, 'run')}" for source, count in sorted(runs.items())]
     mixed = len(runs) > 1 or len(set().union(*fingerprints.values())) > 1
     return lines, mixed
 
