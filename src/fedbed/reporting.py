@@ -738,7 +738,7 @@ def collapse_notes(summaries: list[dict[str, Any]]) -> list[str]:
             for s in summaries if s.get("collapse")]
 
 
-def _counted(count: int, noun: str) -> str:
+def _counted(count: Any, noun: str) -> str:
     """``count`` and ``noun`` in words, the noun plural unless ``count`` is 1 ("1 run", "3 runs")."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
@@ -861,11 +861,8 @@ def sweep_settings(summaries: list[dict[str, Any]], configs: list[dict[str, Any]
         found = sorted({str(item) for item in items})
         return ", ".join(found) if found else "unrecorded"
 
-    def plural(count: Any, noun: str) -> str:
-        return f"{count} {noun}" + ("" if count == 1 else "s")
-
-    budgets = [plural(c.get("rounds"), "round") + " x " + (plural(c["local_epochs"], "local epoch") if c.get("local_epochs")
-                                                            else plural(c.get("local_steps"), "local step"))
+    budgets = [_counted(c.get("rounds"), "round") + " x " + (_counted(c["local_epochs"], "local epoch") if c.get("local_epochs")
+                                                              else _counted(c.get("local_steps"), "local step"))
                + f", batch {c.get('batch_size')}" for c in configs]
     return [("dataset", values(s.get("dataset") for s in summaries)),
             ("data", "; ".join(data_sources(distinct_runs(summaries))[0])),
