@@ -342,6 +342,37 @@ def test_a_t_test_of_identical_columns_says_why_it_is_undefined():
     assert rows[0][-1] == "p, Holm over 0"  # an undefined test is not one of Holm's m
 
 
+def test_the_differences_table_shows_each_tested_pair_per_target_and_seed(tmp_path):
+    """By hand: b − a on t1 is 12.5 − 10 = +2.5 (seed 0) and 9 − 11 = −2 (seed 1); on t2 seed 0
+    7.25 − 7.25 = 0 (neither above nor below); c has no run on t2 and b none of seed 1 there, so
+    those cells are "–". The t-test's mean difference of b is the mean of the row's three numbers."""
+    from typer.testing import CliRunner
+
+    from fedbed.cli import app
+    from fedbed.reporting import build_report
+
+    runs = [("fedavg", {}, "t1", 0, 70, 10.0), ("fedavg", {}, "t1", 1, 70, 11.0), ("fedavg", {}, "t2", 0, 70, 7.25),
+            ("fedavg", {}, "t2", 1, 70, 8.0), ("ppdg", {}, "t1", 0, 70, 12.5), ("ppdg", {}, "t1", 1, 70, 9.0),
+            ("ppdg", {}, "t2", 0, 70, 7.25), ("fedsr", {}, "t1", 0, 70, 10.5)]
+    write_sweep(tmp_path / "sweep", runs, {})
+    report = build_report(tmp_path / "sweep", "last", baselines=["fedavg"], targets=["t1", "t2"], differences=True)
+    assert report.tables["differences"] == [
+        ["ood difference (last), label − baseline", "against", "t1, seed 0", "t1, seed 1", "t2, seed 0", "t2, seed 1",
+         "above", "below"],
+        ["fedsr", "fedavg", "+0.50", "–", "–", "–", "1", "0"],
+        ["ppdg", "fedavg", "+2.50", "-2.00", "+0.00", "–", "1", "1"]]
+    assert report.tables["t_test"][2][:4] == ["ppdg", "fedavg", "3", "+0.17"]  # (2.5 − 2 + 0) / 3
+    assert list(report.tables)[-1] == "differences"  # after the t-tests
+    with pytest.raises(ValueError, match="--differences shows each tested pair's difference"):
+        build_report(tmp_path / "sweep", "last", differences=True)
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--selection", "last", "--differences",
+                                      "--compare", "ppdg vs fedavg"])
+    assert result.exit_code == 0 and "| ppdg | fedavg | +2.50 | -2.00 | +0.00 | – | 1 | 1 |" in result.output
+    for arguments in (["--differences"], ["--differences", "--baseline", "fedavg", "--format", "csv"]):
+        result = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--selection", "last", *arguments])
+        assert result.exit_code == 2 and "Traceback" not in result.output and "--differences" in result.output
+
+
 def test_a_baseline_algorithm_under_sweep_variants_is_the_baseline_within_each_variant():
     from fedbed.reporting import comparison_pairs
 

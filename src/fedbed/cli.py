@@ -548,6 +548,9 @@ def report(
     by_round: Annotated[Optional[list[str]], typer.Option(
         help="ood, id, or a metric the rounds logged (e.g. train_loss): a table per target of it at every evaluated "
              "round, mean over seeds (repeatable).")] = None,
+    differences: Annotated[bool, typer.Option(
+        help="With --baseline or --compare: a table of each tested pair's ood difference (label - baseline) in every "
+             "target and seed both ran, and how many are above and below zero.")] = False,
 ) -> None:
     """Tables of one or more sweep folders: labels x targets, mean ± std or ± SE over seeds, paired t-tests."""
     from fedbed.reporting import render_report, write_html_report
@@ -555,7 +558,7 @@ def report(
     try:
         built = report_from_options(sweep_dirs, selection, spread, baseline, compare, target, label, per_seed,
                                     select_hparams, allow_mixed_data, select_per_seed=select_per_seed, by_round=by_round,
-                                    seed=seed, keep_label=keep_label)
+                                    seed=seed, keep_label=keep_label, differences=differences)
         text = render_report(built, format)
     except ValueError as error:
         fail(str(error))
@@ -574,7 +577,7 @@ def report(
 
 def report_from_options(sweep_dirs, selection, spread, baseline, compare, target, label, per_seed, select_hparams,
                         allow_mixed_data, select_per_seed=False, by_round=None, seed=None, keep_label=None,
-                        **_unused) -> Any:
+                        differences=False, **_unused) -> Any:
     """The :class:`fedbed.reporting.Report` of ``fedbed report``'s options (by their parameter
     names; options that only say where to write are ignored).
 
@@ -585,7 +588,7 @@ def report_from_options(sweep_dirs, selection, spread, baseline, compare, target
 
     return build_report(sweep_dirs, selection or ["train_domain_val"], spread, baseline or (), compare or (),
                         select_hparams, target or (), label or (), per_seed, allow_mixed_data, select_per_seed,
-                        by_round or (), seed or (), keep_label or ())
+                        by_round or (), seed or (), keep_label or (), differences)
 
 
 def report_block_text(arguments: list[str]) -> str:

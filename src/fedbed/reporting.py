@@ -278,18 +278,27 @@ def logged_metrics(paths: Sequence[Path]) -> set[str]:
     return {name for path in paths for record in read_log(path) for name in (record.get("metrics") or {}) if "/" not in name}
 
 
-def paired_pairs(
+def matched_scores(
     summaries: list[dict[str, Any]], method: str, baseline: str, selection: str, group_key: str = "algorithm"
-) -> tuple[list[float], list[float]]:
-    """ood scores of ``method`` and ``baseline`` matched on (target, seed); a run without a
-    score (:func:`run_score`) pairs with nothing."""
+) -> dict[tuple[str, int], tuple[float, float]]:
+    """ood scores (%) of ``method`` and ``baseline`` under ``selection``, ``(method's, baseline's)``
+    by the (target, seed) both scored, in sorted order; a run without a score (:func:`run_score`)
+    pairs with nothing."""
     def scores(group):
         scored = {(s["target"], s["seed"]): run_score(s, selection) for s in summaries if s[group_key] == group}
         return {key: value for key, value in scored.items() if value is not None}
 
     a, b = scores(method), scores(baseline)
-    keys = sorted(set(a) & set(b))
-    return [a[k] for k in keys], [b[k] for k in keys]
+    return {key: (a[key], b[key]) for key in sorted(set(a) & set(b))}
+
+
+def paired_pairs(
+    summaries: list[dict[str, Any]], method: str, baseline: str, selection: str, group_key: str = "algorithm"
+) -> tuple[list[float], list[float]]:
+    """The two lists of :func:`matched_scores`: ``method``'s scores and ``baseline``'s, in the
+    same (target, seed) order."""
+    matched = matched_scores(summaries, method, baseline, selection, group_key)
+    return [a for a, _ in matched.values()], [b for _, b in matched.values()]
 
 
 def scored_runs(sweep_dirs: Path | Sequence[Path], selections: str | Sequence[str] = ()) -> list[FinishedRun]:
@@ -523,6 +532,30 @@ def t_test_rows(summaries: list[dict[str, Any]], pairs: Sequence[tuple[str, str]
     return [header] + [row + [f"{adjusted[index]:.3g}" if index in adjusted else "–"] for index, row in enumerate(rows)]
 
 
+def difference_rows(summaries: list[dict[str, Any]], pairs: Sequence[tuple[str, str]], targets: Sequence[str],
+                    selection: str) -> list[list[str]]:
+    """Rows (header first): per (label, baseline) pair, the ood difference label − baseline
+    (percentage points, two decimals, of the unrounded scores under ``selection``) in each
+    (target, seed) both scored, the pairs :func:`t_test_rows` tests, then how many of them are
+    above zero and how many below (a zero difference is neither). Columns: per target, one per
+    seed that any of ``summaries`` ran there (``"<target>, seed <s>"``); "–" where the label or
+    its baseline has no score. It shows what the paired test's mean difference averages: whether
+    a gain is on every target and seed or on a few."""
+    seeds = {target: sorted({s["seed"] for s in summaries if s["target"] == target}) for target in targets}
+    header = [f"ood difference ({selection}), label − baseline", "against",
+              *(f"{target}, seed {seed}" for target in targets for seed in seeds[target]), "above", "below"]
+    rows = [header]
+    for label, baseline in pairs:
+        differences = {key: a - b for key, (a, b) in
+                       matched_scores(summaries, label, baseline, selection, group_key="label").items()}
+        cells = [f"{differences[target, seed]:+.2f}" if (target, seed) in differences else "–"
+                 for target in targets for seed in seeds[target]]
+        shown = [value for (target, _), value in differences.items() if target in seeds]
+        rows.append([label, baseline, *cells, str(sum(value > 0 for value in shown)),
+                     str(sum(value < 0 for value in shown))])
+    return rows
+
+
 @dataclass(frozen=True)
 class Report:
     """What ``fedbed report`` shows (:func:`build_report`).
@@ -532,7 +565,8 @@ class Report:
             ``select_hparams`` and the plots use.
         tables: rows (header first) by key of :data:`TABLE_HEADINGS`: ``ood``, ``id``, and with
             comparisons ``t_test``, with ``select_hparams`` ``selected_hyperparameters``, with
-            ``by_round`` one ``by_round:QUANTITY:TARGET`` each.
+            ``by_round`` one ``by_round:QUANTITY:TARGET`` each, with ``differences`` (and
+            comparisons) ``differences``.
         summaries: the labelled summaries the tables read (under ``select_hparams``, the chosen
             runs relabelled by their group, and the kept labels' runs under their own labels: a
             run can appear under both; :func:`distinct_runs` counts it once).
@@ -570,6 +604,7 @@ def build_report(
     by_round: Sequence[str] = (),
     seeds: Sequence[int] = (),
     keep_labels: Sequence[str] = (),
+    differences: bool = False,
 ) -> Report:
     """The report of one sweep folder or of several read together: rows are labels (method,
     variant and varied hyperparameters, :func:`fedbed.results.labelled_runs`), columns target
@@ -602,6 +637,8 @@ def build_report(
             random search's defaults) kept as rows of their own beside the choices, so that a
             comparison can t-test a tuned method against its defaults (a cell where the defaults
             were chosen pairs a run with itself).
+        differences: with comparisons, a table of each tested pair's difference in every
+            (target, seed) (:func:`difference_rows`), after the t-tests.
 
     Raises:
         ValueError: an unknown rule or spread, no finished run, two different runs under one
@@ -609,8 +646,8 @@ def build_report(
             baseline, compared label or seed not among the runs', ``select_hparams`` with ``oracle``,
             ``select_per_seed`` or ``keep_labels`` without ``select_hparams``, a kept label not
             among the runs' labels or that is its method's only candidate (already a row), runs
-            that read different data without ``allow_mixed_data``, or a ``by_round`` quantity no
-            run logged.
+            that read different data without ``allow_mixed_data``, a ``by_round`` quantity no
+            run logged, or ``differences`` without comparisons.
     """
     from fedbed.federation.evaluation import REPORT_SELECTIONS
 
@@ -668,8 +705,13 @@ def build_report(
     tables = {kind: score_table(summaries, labels, targets, selections, kind, spread, "label", per_seed)
               for kind in ("ood", "id")}
     pairs = comparison_pairs(labels, baselines, comparisons)
+    if differences and not pairs:
+        raise ValueError("--differences shows each tested pair's difference per target and seed; give --baseline "
+                         "or --compare too")
     if pairs:
         tables["t_test"] = t_test_rows(summaries, pairs, selections[0])
+    if differences:
+        tables["differences"] = difference_rows(summaries, pairs, targets, selections[0])
     if choices is not None:
         tables["selected_hyperparameters"] = [choices[0]] + [row for row in choices[1:] if row[0] in labels]
     shown_runs = [(s["label"], s["target"], folder_of[s.get("chosen_label", s["label"]), s["target"], s["seed"]])
@@ -710,12 +752,15 @@ def render_report(report: Report, format: str = "markdown") -> str:
     after them; with ``csv``, :func:`tidy_rows` of every selection rule instead.
 
     Raises:
-        ValueError: an unknown format, or ``csv`` with ``by_round`` tables.
+        ValueError: an unknown format, or ``csv`` with ``by_round`` or ``differences`` tables.
     """
     if format == "csv":
-        if any(key.startswith("by_round:") for key in report.tables):
-            raise ValueError("--format csv writes the tidy rows of the scores; the --by-round tables are markdown or "
-                             "latex: drop one of the two")
+        formatted_only = [option for option, shown in (
+            ("--by-round", any(key.startswith("by_round:") for key in report.tables)),
+            ("--differences", "differences" in report.tables)) if shown]
+        if formatted_only:
+            raise ValueError(f"--format csv writes the tidy rows of the scores; the {' and '.join(formatted_only)} "
+                             "tables are markdown or latex: drop one of the two")
         return to_csv(tidy_rows(report.summaries, report.selections)).rstrip("\n")
     if format not in RENDERERS:
         raise ValueError(f"unknown format {format!r}; choose one of {', '.join(RENDERERS)}, csv")
@@ -836,6 +881,7 @@ TABLE_HEADINGS = {
     "ood": "Accuracy on the unseen target domain (ood)",
     "id": "Accuracy on the source domains' validation holdouts (id)",
     "t_test": "Paired t-tests against the baseline",
+    "differences": "Differences from the baseline per target and seed",
     "selected_hyperparameters": "Hyperparameters selected by source-domain validation",
 }
 """Headings of the report's tables, by their key in :func:`sweep_tables`."""
