@@ -541,18 +541,16 @@ def difference_rows(summaries: list[dict[str, Any]], pairs: Sequence[tuple[str, 
     seed that any of ``summaries`` ran there (``"<target>, seed <s>"``); "–" where the label or
     its baseline has no score. It shows what the paired test's mean difference averages: whether
     a gain is on every target and seed or on a few."""
-    seeds = {target: sorted({s["seed"] for s in summaries if s["target"] == target}) for target in targets}
-    header = [f"ood difference ({selection}), label − baseline", "against",
-              *(f"{target}, seed {seed}" for target in targets for seed in seeds[target]), "above", "below"]
-    rows = [header]
+    columns = [(target, seed) for target in targets
+               for seed in sorted({s["seed"] for s in summaries if s["target"] == target})]
+    rows = [[f"ood difference ({selection}), label − baseline", "against",
+             *(f"{target}, seed {seed}" for target, seed in columns), "above", "below"]]
     for label, baseline in pairs:
-        differences = {key: a - b for key, (a, b) in
-                       matched_scores(summaries, label, baseline, selection, group_key="label").items()}
-        cells = [f"{differences[target, seed]:+.2f}" if (target, seed) in differences else "–"
-                 for target in targets for seed in seeds[target]]
-        shown = [value for (target, _), value in differences.items() if target in seeds]
-        rows.append([label, baseline, *cells, str(sum(value > 0 for value in shown)),
-                     str(sum(value < 0 for value in shown))])
+        matched = matched_scores(summaries, label, baseline, selection, group_key="label")
+        shown = [matched[column][0] - matched[column][1] if column in matched else None for column in columns]
+        values = [value for value in shown if value is not None]
+        rows.append([label, baseline, *("–" if value is None else f"{value:+.2f}" for value in shown),
+                     str(sum(value > 0 for value in values)), str(sum(value < 0 for value in values))])
     return rows
 
 
